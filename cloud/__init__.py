@@ -1,0 +1,1 @@
+"""The cloud side: the torch target model, its tree KV cache, and (later) the gRPC verifier."""

@@ -1,0 +1,57 @@
+"""Load a Hugging Face checkpoint directory into `Transformer`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from acespec.cloud.config import ModelArgs
+from acespec.cloud.model import Transformer
+
+log = logging.getLogger(__name__)
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: single file or sharded with an index."""
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / s for s in shards]
+    raise FileNotFoundError(f"{path}: neither model.safetensors nor model.safetensors.index.json")
+
+
+def load_model(path: str | Path, dtype: str | torch.dtype = "float32",
+               device: str | torch.device = "cpu") -> Transformer:
+    """Build the model described by `path/config.json` and load its safetensors weights."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    args = ModelArgs.from_dir(path)
+    dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    with torch.device("meta"):
+        model = Transformer(args)
+    state = {}
+    for f in checkpoint_files(path):
+        state.update(load_file(str(f), device=str(device)))
+    state = {k: v.to(dtype) for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    if args.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = {k for k in model.state_dict() if not (args.tie_word_embeddings and k == "lm_head.weight")}
+    missing, unexpected = expected - state.keys(), state.keys() - expected
+    if missing or unexpected:
+        raise ValueError(f"{path}: checkpoint does not match the config: "
+                         f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    model.load_state_dict(state, strict=False, assign=True)
+    if args.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    log.info("loaded %s (%s, %d layers, %.1fM params, %s) from %s", args.arch, dtype,
+             args.num_layers, sum(p.numel() for p in model.parameters()) / 1e6, device, path)
+    return model.eval()

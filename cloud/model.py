@@ -1,0 +1,197 @@
+"""A Llama-family decoder (Llama, Qwen2, Qwen3) in plain PyTorch, scoring trees of nodes.
+
+Parameter names follow Hugging Face (`model.layers.0.self_attn.q_proj.weight`, ...), so a
+checkpoint's state dict loads as is and the model exports back unchanged. One forward pass
+scores new nodes of several sequences at once: the linear layers run on all new tokens
+together, attention runs per sequence over its own tree KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from acespec.cloud.config import ModelArgs
+from acespec.cloud.kv_cache import KVCache, Plan
+
+
+@dataclass
+class Request:
+    """New nodes for one sequence in a batched forward pass."""
+
+    tokens: Sequence[int]  # [n_new] token ids
+    cache: KVCache
+    parents: Sequence[int] | None = None  # [n_new] parent slots; None = chain off the last slot
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 and cast back before the weight, as the reference does.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
+    """[head_dim/2] float32 inverse frequencies, with linear or llama3 scaling applied."""
+    d = args.head_dim
+    inv = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    sc = args.rope_scaling
+    if sc.get("rope_type") == "linear":
+        return inv / sc["factor"]
+    if sc.get("rope_type") == "llama3":
+        factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+        old_ctx = sc["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old_ctx / lo, inv / factor, inv)
+        smooth = (old_ctx / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_ctx / hi) & (wavelen <= old_ctx / lo)
+        return torch.where(medium, smoothed, scaled)
+    return inv
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [n, heads, hd]; cos/sin [n, hd]. Half-split rotation (HF `rotate_half`)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int):
+        super().__init__()
+        self.args, self.layer = args, layer
+        hd, h, kvh, d = args.head_dim, args.num_heads, args.num_kv_heads, args.hidden_size
+        self.q_proj = nn.Linear(d, h * hd, bias=args.qkv_bias)
+        self.k_proj = nn.Linear(d, kvh * hd, bias=args.qkv_bias)
+        self.v_proj = nn.Linear(d, kvh * hd, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(h * hd, d, bias=args.o_bias)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(hd, args.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, args.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                reqs: Sequence[Request], plans: Sequence[Plan]) -> torch.Tensor:
+        """x [N, d] for all new nodes of all requests, in request order."""
+        a, n_tok = self.args, x.shape[0]
+        q = self.q_proj(x).view(n_tok, a.num_heads, a.head_dim)
+        k = self.k_proj(x).view(n_tok, a.num_kv_heads, a.head_dim)
+        v = self.v_proj(x).view(n_tok, a.num_kv_heads, a.head_dim)
+        if a.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        out, offset = [], 0
+        for req, plan in zip(reqs, plans):
+            n = len(req.tokens)
+            sl = slice(offset, offset + n)
+            keys, values = req.cache.write(self.layer, plan.start,
+                                           k[sl].transpose(0, 1), v[sl].transpose(0, 1))
+            o = F.scaled_dot_product_attention(
+                q[sl].transpose(0, 1)[None], keys[None], values[None],
+                attn_mask=plan.mask[None, None], enable_gqa=a.num_heads != a.num_kv_heads)
+            out.append(o[0].transpose(0, 1).reshape(n, -1))  # [n, h*hd]
+            offset += n
+        return self.o_proj(torch.cat(out))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        d, f, b = args.hidden_size, args.intermediate_size, args.mlp_bias
+        self.gate_proj = nn.Linear(d, f, bias=b)
+        self.up_proj = nn.Linear(d, f, bias=b)
+        self.down_proj = nn.Linear(f, d, bias=b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int):
+        super().__init__()
+        self.self_attn = Attention(args, layer)
+        self.mlp = MLP(args)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def forward(self, x, rope, reqs, plans):
+        x = x + self.self_attn(self.input_layernorm(x), rope, reqs, plans)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+class Transformer(nn.Module):
+    """Causal LM: tokens of one or more trees in, next-token logits per new node out."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = Backbone(args)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        a = self.args
+        return KVCache(a.num_layers, a.num_kv_heads, a.head_dim, self.dtype, self.device, capacity)
+
+    @torch.inference_mode()
+    def forward_batch(self, reqs: Sequence[Request], last_only: bool = False) -> list[torch.Tensor]:
+        """Score new nodes of several sequences in one pass. Returns per request logits
+        [n_new, V] float32 (or [1, V] for the last node with last_only)."""
+        plans = []
+        try:
+            for req in reqs:
+                plans.append(req.cache.plan(req.parents, len(req.tokens)))
+            return self._run(reqs, plans, last_only)
+        except BaseException:
+            for req, plan in zip(reqs, plans):
+                req.cache.truncate(plan.start)
+            raise
+
+    def forward(self, tokens: Sequence[int], cache: KVCache,
+                parents: Sequence[int] | None = None, last_only: bool = False) -> torch.Tensor:
+        """Single-sequence convenience: logits [n_new, V] float32."""
+        return self.forward_batch([Request(tokens, cache, parents)], last_only)[0]
+
+    def _run(self, reqs, plans, last_only):
+        ids = torch.tensor([t for r in reqs for t in r.tokens], dtype=torch.long, device=self.device)
+        positions = torch.cat([p.positions for p in plans])
+        freqs = positions[:, None].float() * rope_inv_freq(self.args).to(self.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        rope = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
+        x = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
+            x = layer(x, rope, reqs, plans)
+        sizes = [len(r.tokens) for r in reqs]
+        if last_only:
+            ends = torch.tensor(sizes, device=self.device).cumsum(0) - 1
+            x, sizes = x[ends], [1] * len(reqs)
+        logits = self.lm_head(self.model.norm(x)).float()
+        return list(logits.split(sizes))

@@ -1,0 +1,2 @@
+"""Pure logic used by both the edge and the cloud: sampling transforms, vocab identity,
+rejection sampling, config dataclasses. No I/O beyond reading a tokenizer file; no torch."""

@@ -1,0 +1,48 @@
+"""Config dataclasses shared by the edge and the cloud."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message names the field."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a next-token distribution is derived from logits.
+
+    temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+    top_k: keep the k most likely tokens; 0 means no limit (the cloud caps it at k_max).
+    top_p: keep the smallest set of most likely tokens whose mass reaches top_p; 1 = all.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0 = no limit), got {self.top_k!r}")
+        if not (0 < self.top_p <= 1):
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @classmethod
+    def from_name(cls, name: str) -> SamplingParams:
+        """Named presets: 'greedy', 'code' (τ=0.2), 'chat' (τ=0.8, top-k 40, top-p 0.95)."""
+        presets = {
+            "greedy": cls(),
+            "code": cls(temperature=0.2, top_k=20, top_p=0.95),
+            "chat": cls(temperature=0.8, top_k=40, top_p=0.95),
+        }
+        if name not in presets:
+            raise ConfigError(f"unknown sampling preset {name!r}; choose from {sorted(presets)}")
+        return presets[name]

@@ -1,0 +1,57 @@
+"""Logits -> next-token distribution: temperature -> top-k -> top-p -> renormalise.
+
+The drafter's q and the cloud's served distribution p~ use this same transform (the
+cloud then quantises p~ to uint16 units); numpy only, so the edge needs no torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from acespec.shared.config import SamplingParams
+
+
+def transform(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Next-token distributions from logits.
+
+    logits: [n, V] float (any float dtype). Returns [n, V] float64 rows summing to 1.
+    Greedy gives a one-hot row at the argmax (lowest id on ties).
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    if logits.ndim != 2:
+        raise ValueError(f"logits must be [n, V], got shape {logits.shape}")
+    n, vocab = logits.shape
+    if params.greedy:
+        probs = np.zeros((n, vocab))
+        probs[np.arange(n), logits.argmax(axis=1)] = 1.0
+        return probs
+    scaled = logits / params.temperature
+    if 0 < params.top_k < vocab:
+        # Everything strictly below the k-th largest logit is cut.
+        kth = np.partition(scaled, vocab - params.top_k, axis=1)[:, vocab - params.top_k]
+        scaled = np.where(scaled >= kth[:, None], scaled, -np.inf)
+    scaled -= scaled.max(axis=1, keepdims=True)
+    probs = np.exp(scaled)
+    probs /= probs.sum(axis=1, keepdims=True)
+    if params.top_p < 1.0:
+        probs = _top_p(probs, params.top_p)
+    return probs
+
+
+def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Keep, per row, the smallest set of most likely tokens whose mass reaches top_p."""
+    order = np.argsort(-probs, axis=1, kind="stable")  # [n, V]
+    sorted_p = np.take_along_axis(probs, order, axis=1)
+    before = np.cumsum(sorted_p, axis=1) - sorted_p  # mass strictly before each entry
+    keep_sorted = before < top_p
+    keep = np.zeros_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=1)
+    out = np.where(keep, probs, 0.0)
+    return out / out.sum(axis=1, keepdims=True)
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from a [V] distribution with the caller's RNG (inverse CDF, one uniform)."""
+    cdf = np.cumsum(probs)
+    u = rng.random() * cdf[-1]
+    return int(min(np.searchsorted(cdf, u, side="right"), len(probs) - 1))
