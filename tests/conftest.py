@@ -51,3 +51,34 @@ def hf_pair(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(f"hf-{request.param}")
     model = save_tiny_hf(request.param, path)
     return request.param, model, path
+
+
+def stdlib_texts(n_files: int = 40) -> list[str]:
+    """A few standard-library sources in a fixed order: text every machine has."""
+    import sysconfig
+    from pathlib import Path
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py"))[:n_files]
+    return [p.read_text(encoding="utf-8", errors="replace") for p in files]
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """A tiny Llama with a trained 320-token BPE: (tokenizer dir, torch model, {ftype: gguf})."""
+    from acespec.cloud.config import ModelArgs
+    from acespec.cloud.model import Transformer
+    from acespec.models.gguf_export import export_gguf
+    from acespec.models.tokenizer_train import save_tokenizer, train_bpe
+
+    out = tmp_path_factory.mktemp("tiny-pair")
+    tok = train_bpe(stdlib_texts(), vocab_size=320)
+    save_tokenizer(tok, out)
+    args = ModelArgs(arch="llama", vocab_size=tok.get_vocab_size(), hidden_size=64,
+                     intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                     head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0)
+    torch.manual_seed(0)
+    model = Transformer(args).eval()
+    ggufs = {ft: export_gguf(model, out, out / f"tiny-{ft}.gguf", ftype=ft)
+             for ft in ("f32", "f16", "q8_0")}
+    return out, model, ggufs

@@ -1,0 +1,38 @@
+"""The drafter interface: one obvious method, `propose`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from acespec.shared.config import SamplingParams
+from acespec.shared.sampling import sample
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Tokens a drafter proposes after a context, with the distribution each was drawn from."""
+
+    tokens: np.ndarray  # [n] int32 draft token ids
+    q: np.ndarray  # [n, V] float64 draft distributions (after the request's sampling transform)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Drafter(Protocol):
+    vocab_size: int
+
+    def propose(self, context: Sequence[int], n: int, sampling: SamplingParams,
+                rng: np.random.Generator, seq: int = 0) -> Draft:
+        """Draft n tokens continuing `context` (all token ids so far) in sequence slot `seq`.
+        Each token is drawn from q with `rng` (argmax when greedy)."""
+        ...
+
+
+def draw(q: np.ndarray, sampling: SamplingParams, rng: np.random.Generator) -> int:
+    """A draft token from one [V] distribution: argmax when greedy, else a draw with rng."""
+    return int(q.argmax()) if sampling.greedy else sample(q, rng)

@@ -1,0 +1,214 @@
+"""The llama.cpp drafter: a GGUF model driven through llama-cpp-python's low-level API.
+
+Token ids in, draft distributions out. The KV cache is managed per sequence: each `seq`
+remembers which tokens it holds, so `propose` only feeds what is new (after truncating what
+diverged), and `fork` copies a prefix to another sequence without recomputing it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from acespec.edge.drafter import Draft, draw
+from acespec.shared.config import SamplingParams
+from acespec.shared.sampling import transform
+from acespec.shared.tokenizer import vocab_hash
+
+log = logging.getLogger(__name__)
+_LOG_CALLBACK = None  # keeps the no-op ctypes callback alive for the process
+
+
+@dataclass(frozen=True)
+class LlamaDrafterConfig:
+    n_ctx: int = 4096  # tokens of KV shared by all sequences (unified cache)
+    n_seq_max: int = 64  # sequences (requests x branches) the context can hold
+    n_batch: int = 512  # most tokens fed in one llama_decode call
+    n_threads: int = 0  # 0 = min(4, CPU count)
+    f32_kv: bool = False  # F32 K/V (exact comparisons) instead of F16
+    quiet: bool = True  # silence llama.cpp's own logging
+
+
+class DrafterError(RuntimeError):
+    """llama.cpp refused a model file or a decode call."""
+
+
+def _silence(llama_cpp) -> None:
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is None:
+        _LOG_CALLBACK = llama_cpp.llama_log_callback(lambda level, text, data: None)
+        llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+
+
+class LlamaDrafter:
+    """Drafter over a GGUF file. Not thread-safe: one caller at a time."""
+
+    def __init__(self, path: str | Path, config: LlamaDrafterConfig = LlamaDrafterConfig()):
+        import llama_cpp
+
+        self._ll, self.config, self.path = llama_cpp, config, Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"drafter GGUF not found: {self.path}")
+        if config.quiet:
+            _silence(llama_cpp)
+        llama_cpp.llama_backend_init()
+        mparams = llama_cpp.llama_model_default_params()
+        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            raise DrafterError(f"llama.cpp could not load {self.path} (not a GGUF model?)")
+        self._ctx = llama_cpp.llama_init_from_model(self._model, self._context_params())
+        if not self._ctx:
+            raise DrafterError(f"llama.cpp could not create a context for {self.path}")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self.vocab_size = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self._batch = llama_cpp.llama_batch_init(config.n_batch, 0, 1)
+        self._held: dict[int, list[int]] = {}  # seq -> tokens in its KV
+        self._last: dict[int, np.ndarray] = {}  # seq -> logits [V] after its last held token
+        log.info("drafter %s: vocab %d, n_ctx %d, %d sequences", self.path.name,
+                 self.vocab_size, config.n_ctx, config.n_seq_max)
+
+    def _context_params(self):
+        ll, c = self._ll, self.config
+        p = ll.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = c.n_ctx, c.n_batch, c.n_batch, c.n_seq_max
+        threads = c.n_threads or min(4, os.cpu_count() or 1)
+        p.n_threads = p.n_threads_batch = threads
+        p.kv_unified = True  # forks become metadata-only; per-seq streams abort on partial seq_cp
+        p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED  # faster for tiny models
+        if c.f32_kv:
+            p.type_k = p.type_v = ll.GGML_TYPE_F32
+        return p
+
+    # -- identity and text -------------------------------------------------
+
+    def token_table(self) -> list[str]:
+        """tokens[i] = the GGUF's string for id i (as in tokenizer.json)."""
+        get = self._ll.llama_vocab_get_text
+        return [get(self._vocab, i).decode("utf-8", "surrogatepass") for i in range(self.vocab_size)]
+
+    def vocab_hash(self) -> str:
+        return vocab_hash(self.token_table())
+
+    @property
+    def eos_id(self) -> int:
+        return int(self._ll.llama_vocab_eos(self._vocab))
+
+    def piece(self, token: int) -> bytes:
+        """The bytes token `token` stands for (specials render as nothing)."""
+        buf = ctypes.create_string_buffer(64)
+        n = self._ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    # -- KV management -----------------------------------------------------
+
+    def fork(self, src: int, dst: int, n_tokens: int | None = None) -> None:
+        """Make `dst` hold the first n_tokens (default all) of `src`'s tokens, sharing KV."""
+        held = self._held.get(src, [])
+        n = len(held) if n_tokens is None else min(n_tokens, len(held))
+        self.drop(dst)
+        self._ll.llama_memory_seq_cp(self._mem, src, dst, 0, n)
+        self._held[dst] = held[:n]
+        if n == len(held) and src in self._last:
+            self._last[dst] = self._last[src]
+
+    def truncate(self, seq: int, n_tokens: int) -> None:
+        """Keep the first n_tokens of `seq`."""
+        held = self._held.get(seq, [])
+        if n_tokens < len(held):
+            self._ll.llama_memory_seq_rm(self._mem, seq, n_tokens, -1)
+            del held[n_tokens:]
+            self._last.pop(seq, None)
+
+    def drop(self, seq: int) -> None:
+        """Free everything `seq` holds."""
+        self._ll.llama_memory_seq_rm(self._mem, seq, 0, -1)
+        self._held.pop(seq, None)
+        self._last.pop(seq, None)
+
+    def held(self, seq: int = 0) -> list[int]:
+        return list(self._held.get(seq, []))
+
+    # -- evaluation --------------------------------------------------------
+
+    def logits(self, context: Sequence[int], seq: int = 0) -> np.ndarray:
+        """Logits [len(context), V] float32 for every position of `context`, fed from scratch."""
+        self.drop(seq)
+        return self._feed(seq, list(context), all_logits=True)
+
+    def next_logits(self, context: Sequence[int], seq: int = 0) -> np.ndarray:
+        """Logits [V] float32 after `context`, reusing whatever prefix `seq` already holds."""
+        context = list(context)
+        if not context:
+            raise ValueError("the drafter needs a non-empty context (at least BOS)")
+        held = self._held.get(seq, [])
+        common = 0
+        for a, b in zip(held, context):
+            if a != b:
+                break
+            common += 1
+        if common == len(context) == len(held) and seq in self._last:
+            return self._last[seq]
+        self.truncate(seq, min(common, len(context) - 1))
+        return self._feed(seq, context[len(self._held.get(seq, [])):])[-1]
+
+    def propose(self, context: Sequence[int], n: int, sampling: SamplingParams,
+                rng: np.random.Generator, seq: int = 0) -> Draft:
+        """Draft n tokens after `context` in sequence `seq`; q after the sampling transform."""
+        tokens = np.empty(n, dtype=np.int32)
+        qs = np.empty((n, self.vocab_size))
+        logits = self.next_logits(context, seq)
+        for i in range(n):
+            qs[i] = transform(logits[None], sampling)[0]
+            tokens[i] = draw(qs[i], sampling, rng)
+            if i + 1 < n:
+                logits = self._feed(seq, [int(tokens[i])])[-1]
+        return Draft(tokens=tokens, q=qs)
+
+    def _feed(self, seq: int, tokens: list[int], all_logits: bool = False) -> np.ndarray:
+        """Append tokens to `seq`'s KV in chunks of n_batch; logits [k, V] for the fed rows
+        (all of them, or only the last)."""
+        ll, b, held = self._ll, self._batch, self._held.setdefault(seq, [])
+        if len(held) + len(tokens) > self.config.n_ctx:
+            raise DrafterError(f"context of {len(held) + len(tokens)} tokens exceeds "
+                               f"n_ctx={self.config.n_ctx}")
+        out = []
+        for start in range(0, len(tokens), self.config.n_batch):
+            chunk = tokens[start:start + self.config.n_batch]
+            last_chunk = start + len(chunk) == len(tokens)
+            for i, tok in enumerate(chunk):
+                b.token[i], b.pos[i], b.n_seq_id[i] = tok, len(held) + i, 1
+                b.seq_id[i][0] = seq
+                b.logits[i] = all_logits or (last_chunk and i == len(chunk) - 1)
+            b.n_tokens = len(chunk)
+            rc = ll.llama_decode(self._ctx, b)
+            if rc != 0:
+                raise DrafterError(f"llama_decode failed with code {rc} (KV full?)")
+            rows = range(len(chunk)) if all_logits else ([len(chunk) - 1] if last_chunk else [])
+            out.extend(self._logits_row(i) for i in rows)
+            held.extend(chunk)
+        self._last[seq] = out[-1]
+        return np.stack(out)
+
+    def _logits_row(self, i: int) -> np.ndarray:
+        ptr = self._ll.llama_get_logits_ith(self._ctx, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy()
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            self._ll.llama_batch_free(self._batch)
+            self._ll.llama_free(self._ctx)
+            self._ll.llama_model_free(self._model)
+            self._ctx = self._model = None
+
+    def __del__(self):
+        self.close()

@@ -1,0 +1,110 @@
+"""Write a Llama-architecture torch model plus its byte-level BPE tokenizer as GGUF.
+
+llama.cpp's own converter refuses tokenizers whose pre-tokenizer hash it does not know,
+so we write the file directly with the `gguf` package. Tokenizer metadata: model `gpt2`,
+pre-tokenizer `gpt-2` (the same regex as `tokenizers`' ByteLevel).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from acespec.models.tokenizer_train import bpe_merges
+from acespec.shared.tokenizer import Tokenizer
+
+FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7}  # llama_ftype values
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """HF half-split RoPE layout -> llama.cpp's interleaved layout (rows of q or k)."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def export_gguf(model, tokenizer_dir: str | Path, out_path: str | Path, ftype: str = "f16",
+                name: str = "acespec-drafter", context_length: int = 4096) -> Path:
+    """Write `model` (acespec.cloud.model.Transformer, arch llama, no biases) to GGUF.
+
+    ftype: 'f32' | 'f16' | 'q8_0'. Norms always stay F32 (as llama.cpp's converter does).
+    """
+    import gguf
+
+    args = model.args
+    if args.arch != "llama" or args.qkv_bias or args.o_bias or args.mlp_bias or args.rope_scaling:
+        raise ValueError("GGUF export supports plain Llama (no biases, no rope scaling)")
+    if ftype not in FILE_TYPES:
+        raise ValueError(f"ftype must be one of {sorted(FILE_TYPES)}, got {ftype!r}")
+    out_path = Path(out_path)
+    w = gguf.GGUFWriter(str(out_path), arch="llama")
+    _write_hparams(w, args, name, context_length, ftype)
+    _write_tokenizer(w, Path(tokenizer_dir), args.vocab_size)
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, args.num_layers)
+    for hf_name, tensor in model.state_dict().items():
+        if args.tie_word_embeddings and hf_name == "lm_head.weight":
+            continue  # llama.cpp reuses token_embd when output.weight is absent
+        data = tensor.detach().float().cpu().numpy()
+        if hf_name.endswith("q_proj.weight"):
+            data = _permute(data, args.num_heads)
+        elif hf_name.endswith("k_proj.weight"):
+            data = _permute(data, args.num_kv_heads)
+        name_ = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name_ is None:
+            raise ValueError(f"no GGUF name for tensor {hf_name}")
+        _add_tensor(w, name_, data, ftype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out_path
+
+
+def _write_hparams(w, args, name: str, context_length: int, ftype: str) -> None:
+    w.add_name(name)
+    w.add_context_length(context_length)
+    w.add_embedding_length(args.hidden_size)
+    w.add_block_count(args.num_layers)
+    w.add_feed_forward_length(args.intermediate_size)
+    w.add_head_count(args.num_heads)
+    w.add_head_count_kv(args.num_kv_heads)
+    w.add_key_length(args.head_dim)
+    w.add_value_length(args.head_dim)
+    w.add_rope_dimension_count(args.head_dim)
+    w.add_layer_norm_rms_eps(args.rms_norm_eps)
+    w.add_rope_freq_base(args.rope_theta)
+    w.add_vocab_size(args.vocab_size)
+    w.add_file_type(FILE_TYPES[ftype])
+
+
+def _write_tokenizer(w, tokenizer_dir: Path, vocab_size: int) -> None:
+    import gguf
+
+    tok = Tokenizer.load(tokenizer_dir)
+    table = tok.id_to_token_table()
+    if len(table) != vocab_size:
+        raise ValueError(f"tokenizer has {len(table)} tokens, model vocab is {vocab_size}")
+    specials = {t.content for t in tok.backend.get_added_tokens_decoder().values() if t.special}
+    types = [gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL for t in table]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(table)
+    w.add_token_types(types)
+    w.add_token_merges(bpe_merges(tok.path))
+    if tok.bos_id is not None:
+        w.add_bos_token_id(tok.bos_id)
+    if tok.eos_id is not None:
+        w.add_eos_token_id(tok.eos_id)
+    w.add_add_bos_token(False)  # AceSpec feeds token ids; it adds BOS itself
+
+
+def _add_tensor(w, name: str, data: np.ndarray, ftype: str) -> None:
+    import gguf
+
+    if data.ndim == 1 or ftype == "f32":
+        w.add_tensor(name, data.astype(np.float32))
+    elif ftype == "f16":
+        w.add_tensor(name, data.astype(np.float16))
+    else:
+        q = gguf.quants.quantize(data.astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
