@@ -81,16 +81,28 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, args.rms_norm_eps)
             self.k_norm = RMSNorm(hd, args.rms_norm_eps)
 
+    def _qkv(self, x: torch.Tensor, rope):
+        """x [..., n, d] -> q [..., n, h, hd], k and v [..., n, kvh, hd], RoPE applied."""
+        a, lead = self.args, x.shape[:-1]
+        q = self.q_proj(x).view(*lead, a.num_heads, a.head_dim)
+        k = self.k_proj(x).view(*lead, a.num_kv_heads, a.head_dim)
+        v = self.v_proj(x).view(*lead, a.num_kv_heads, a.head_dim)
+        if a.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, *rope), apply_rope(k, *rope), v
+
+    def causal(self, x: torch.Tensor, rope) -> torch.Tensor:
+        """Training path: x [B, T, d] with a plain causal mask and no cache."""
+        q, k, v = (t.transpose(1, 2) for t in self._qkv(x, rope))  # [B, heads, T, hd]
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           enable_gqa=self.args.num_heads != self.args.num_kv_heads)
+        return self.o_proj(o.transpose(1, 2).flatten(2))
+
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 reqs: Sequence[Request], plans: Sequence[Plan]) -> torch.Tensor:
         """x [N, d] for all new nodes of all requests, in request order."""
-        a, n_tok = self.args, x.shape[0]
-        q = self.q_proj(x).view(n_tok, a.num_heads, a.head_dim)
-        k = self.k_proj(x).view(n_tok, a.num_kv_heads, a.head_dim)
-        v = self.v_proj(x).view(n_tok, a.num_kv_heads, a.head_dim)
-        if a.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        a = self.args
+        q, k, v = self._qkv(x, rope)
         out, offset = [], 0
         for req, plan in zip(reqs, plans):
             n = len(req.tokens)
@@ -180,12 +192,24 @@ class Transformer(nn.Module):
         """Single-sequence convenience: logits [n_new, V] float32."""
         return self.forward_batch([Request(tokens, cache, parents)], last_only)[0]
 
-    def _run(self, reqs, plans, last_only):
-        ids = torch.tensor([t for r in reqs for t in r.tokens], dtype=torch.long, device=self.device)
-        positions = torch.cat([p.positions for p in plans])
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [n, head_dim] in the model dtype for int64 positions [n]."""
         freqs = positions[:, None].float() * rope_inv_freq(self.args).to(self.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        rope = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    def causal_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """Training path: ids [B, T] int64 -> logits [B, T, V], causal mask, no cache."""
+        rope = self._rope(torch.arange(ids.shape[1], device=ids.device))
+        x = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
+            x = x + layer.self_attn.causal(layer.input_layernorm(x), rope)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.lm_head(self.model.norm(x))
+
+    def _run(self, reqs, plans, last_only):
+        ids = torch.tensor([t for r in reqs for t in r.tokens], dtype=torch.long, device=self.device)
+        rope = self._rope(torch.cat([p.positions for p in plans]))
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             x = layer(x, rope, reqs, plans)

@@ -171,3 +171,12 @@ def test_sharded_checkpoint_loads(tmp_path):
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
     ours = load_model(tmp_path / "sharded")
     assert (ours(SEQ, ours.new_cache()) - hf_logits(hf, SEQ)).abs().max().item() < ATOL
+
+
+def test_training_path_equals_inference_path(hf_pair):
+    _, hf, path = hf_pair
+    ours = load_model(path)
+    ids = torch.tensor([SEQ, SEQ[::-1]])
+    batch = ours.causal_logits(ids)
+    assert (batch[0] - hf_logits(hf, SEQ)).abs().max().item() < ATOL
+    assert (batch[1] - hf_logits(hf, SEQ[::-1])).abs().max().item() < ATOL

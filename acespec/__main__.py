@@ -1,0 +1,5 @@
+import sys
+
+from acespec.cli import main
+
+sys.exit(main())

@@ -1,0 +1,73 @@
+"""The `acespec` command. Subcommands register here; each imports its heavy parts lazily."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from acespec import __version__
+
+
+def _add_models(sub) -> None:
+    p = sub.add_parser("models", help="build or inspect model files")
+    msub = p.add_subparsers(dest="models_cmd", required=True)
+    b = msub.add_parser("build-demo", help="train the demo target + drafter pair from the stdlib",
+                        description="Train the demo pair (tokenizer, HF target, GGUF drafter) on "
+                        "this interpreter's standard library. Resumes from --work checkpoints.")
+    from acespec.models import DEMO_DIR
+
+    b.add_argument("--out", default=str(DEMO_DIR), help="output folder (default: %(default)s)")
+    b.add_argument("--work", default="runs/build-demo",
+                   help="checkpoints and token caches (default: %(default)s)")
+    b.add_argument("--preset", default="demo", choices=["demo", "tiny"],
+                   help="'demo' (~1.5 h on 2 cores) or 'tiny' (seconds, for tests)")
+    b.add_argument("--seed", type=int, default=0)
+    b.set_defaults(func=_run_build_demo)
+
+
+def _run_build_demo(args) -> int:
+    import json
+    from pathlib import Path
+
+    from acespec.models.build_demo import build_demo
+
+    card = build_demo(Path(args.out), Path(args.work), args.preset, args.seed)
+    print(json.dumps({k: card[k] for k in ("params", "valid_perplexity", "greedy_acceptance",
+                                           "build_minutes")}, indent=2))
+    return 0
+
+
+def _add_generate(sub) -> None:
+    from acespec.cli_generate import add_parser
+
+    add_parser(sub)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="acespec", description="AceSpec: edge-cloud speculative decoding over slow links.")
+    parser.add_argument("--version", action="version", version=f"acespec {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging (-v info, -vv debug)")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    _add_models(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    if args.cmd == "models":
+        level = min(level, logging.INFO)  # long jobs report progress
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The demo pair's model card (README.md beside the files), written from build figures."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+
+def write_card(out: Path, card: dict) -> Path:
+    c, p = card["corpus"], card["preset"]
+    acc = ", ".join(f"depth {d}: **{v}**" for d, v in card["greedy_acceptance"].items())
+    text = f"""# AceSpec demo model pair
+
+Built by `acespec models build-demo --out {out.name} --seed {card['seed']}` — deterministic
+given the seed and the Python version (the corpus is the running interpreter's stdlib).
+
+| | target (`target/`, HF Llama) | drafter (`drafter-*.gguf`, llama) |
+|---|---|---|
+| parameters | {card['params']['target']:,} | {card['params']['drafter']:,} |
+| shape | {_shape(p['target'])} | {_shape(p['drafter'])} |
+| training steps × batch × seq | {_train(p['target_train'])} | {_train(p['drafter_train'])} |
+| validation perplexity | {card['valid_perplexity']['target']:.2f} | {card['valid_perplexity']['drafter']:.2f} |
+
+**Greedy acceptance** (mean tokens per target step, bonus included; Q8_0 GGUF drafter vs the
+torch target; {p['eval_prompts']} held-out prompts of 64 tokens, {p['eval_tokens']} tokens
+generated each): {acc}.
+
+- Corpus: Python {platform.python_version()} standard library, `*.py` outside site-packages
+  (PSF licence), {c['n_train_files']} train / {c['n_valid_files']} validation files split by
+  file with the seed; {card['train_tokens_in_corpus']:,} training tokens; corpus sha256
+  `{c['sha256']}`. Validation files are listed in `build.json`.
+- Tokenizer: byte-level BPE, {p['vocab_size']} tokens, `<|bos|>` = 0, `<|eos|>` = 1.
+- Drafter objective: next-token cross-entropy on the same corpus, trained alongside the
+  target (one core each).
+- Build: {card['build_minutes']} minutes on {platform.machine()} ({_cpus()} cores).
+"""
+    path = out / "README.md"
+    path.write_text(text)
+    return path
+
+
+def _shape(d: dict) -> str:
+    return (f"d={d['hidden_size']}, {d['num_layers']} layers, {d['num_heads']}/"
+            f"{d['num_kv_heads']} heads, FFN {d['intermediate_size']}, "
+            f"{'tied' if d['tie_word_embeddings'] else 'untied'}")
+
+
+def _train(t: dict) -> str:
+    return f"{t['steps']} × {t['batch']} × {t['seq_len']}"
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0

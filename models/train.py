@@ -1,0 +1,116 @@
+"""Language-model training on a token stream: seeded, checkpointed, resumable."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from acespec.cloud.config import ModelArgs
+from acespec.cloud.model import Transformer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int
+    batch: int = 16
+    seq_len: int = 256
+    lr: float = 2e-3
+    min_lr_frac: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    threads: int = 1
+    ckpt_every: int = 200
+    log_every: int = 25
+
+
+def batch_at(stream: np.ndarray, cfg: TrainConfig, step: int) -> torch.Tensor:
+    """Windows [batch, seq_len + 1] int64 for `step`: a pure function of (seed, step), so a
+    resumed run sees exactly the batches an uninterrupted one would."""
+    rng = np.random.default_rng([cfg.seed, step])
+    starts = rng.integers(0, len(stream) - cfg.seq_len - 1, size=cfg.batch)
+    return torch.from_numpy(np.stack([stream[s:s + cfg.seq_len + 1] for s in starts]).astype(np.int64))
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def init_model(args: ModelArgs, seed: int) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(args)
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            std = 0.02 / math.sqrt(2 * args.num_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+            torch.nn.init.normal_(p, std=std)
+    return model
+
+
+def evaluate(model: Transformer, stream: np.ndarray, seq_len: int, max_windows: int = 64) -> float:
+    """Mean next-token cross-entropy (nats) over evenly spaced validation windows."""
+    n = min(max_windows, (len(stream) - 1) // seq_len)
+    starts = np.linspace(0, len(stream) - seq_len - 1, n).astype(int)
+    losses = []
+    with torch.no_grad():
+        for chunk in np.array_split(starts, max(1, n // 16)):
+            x = torch.from_numpy(np.stack([stream[s:s + seq_len + 1] for s in chunk]).astype(np.int64))
+            logits = model.causal_logits(x[:, :-1])
+            losses.append(F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).item())
+    return float(np.mean(losses))
+
+
+def train(args: ModelArgs, cfg: TrainConfig, stream: np.ndarray, ckpt: Path,
+          label: str = "model") -> Transformer:
+    """Train (or resume from `ckpt`) for cfg.steps; returns the model in eval mode."""
+    torch.set_num_threads(cfg.threads)
+    model = init_model(args, cfg.seed)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    start = 0
+    if ckpt.is_file():
+        state = torch.load(ckpt, weights_only=False)
+        if state["config"] != asdict(cfg) or state["args"] != asdict(args):
+            raise ValueError(f"{ckpt} was written with a different config; delete it to restart")
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"]
+        log.info("%s: resuming at step %d/%d", label, start, cfg.steps)
+    model.train()
+    t0, tokens = time.time(), 0
+    for step in range(start, cfg.steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(cfg, step)
+        x = batch_at(stream, cfg, step)
+        logits = model.causal_logits(x[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        tokens += x[:, :-1].numel()
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+            rate = tokens / (time.time() - t0)
+            eta = (cfg.steps - step - 1) * x[:, :-1].numel() / rate
+            log.info("%s step %d/%d loss %.3f lr %.2e %.0f tok/s eta %.0f min", label, step + 1,
+                     cfg.steps, loss.item(), lr_at(cfg, step), rate, eta / 60)
+        if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1,
+                        "config": asdict(cfg), "args": asdict(args)}, tmp)
+            tmp.replace(ckpt)
+    return model.eval()
