@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging (-v info, -vv debug)")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    _add_generate(sub)
     _add_models(sub)
     return parser
 

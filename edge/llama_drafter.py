@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 from acespec.edge.drafter import Draft, draw
 from acespec.shared.config import SamplingParams
 from acespec.shared.sampling import transform
@@ -30,7 +29,7 @@ class LlamaDrafterConfig:
     n_ctx: int = 4096  # tokens of KV shared by all sequences (unified cache)
     n_seq_max: int = 64  # sequences (requests x branches) the context can hold
     n_batch: int = 512  # most tokens fed in one llama_decode call
-    n_threads: int = 0  # 0 = min(4, CPU count)
+    n_threads: int = 0  # 0 = auto: 1 below 100M parameters (sync costs more than it saves), else min(4, CPUs)
     f32_kv: bool = False  # F32 K/V (exact comparisons) instead of F16
     quiet: bool = True  # silence llama.cpp's own logging
 
@@ -78,13 +77,17 @@ class LlamaDrafter:
         ll, c = self._ll, self.config
         p = ll.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = c.n_ctx, c.n_batch, c.n_batch, c.n_seq_max
-        threads = c.n_threads or min(4, os.cpu_count() or 1)
+        threads = c.n_threads or self._auto_threads()
         p.n_threads = p.n_threads_batch = threads
         p.kv_unified = True  # forks become metadata-only; per-seq streams abort on partial seq_cp
         p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED  # faster for tiny models
         if c.f32_kv:
             p.type_k = p.type_v = ll.GGML_TYPE_F32
         return p
+
+    def _auto_threads(self) -> int:
+        small = self._ll.llama_model_n_params(self._model) < 100_000_000
+        return 1 if small else min(4, os.cpu_count() or 1)
 
     # -- identity and text -------------------------------------------------
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-
 from acespec.models.tokenizer_train import bpe_merges
 from acespec.shared.tokenizer import Tokenizer
 

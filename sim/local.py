@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
 from acespec.shared.config import SamplingParams
 from acespec.shared.rejection import verify_greedy, verify_sampled
 from acespec.shared.sampling import transform

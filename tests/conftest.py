@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
+# Tiny models run fastest on one thread, and tests must not fight a busy machine.
+torch.set_num_threads(1)
 
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)

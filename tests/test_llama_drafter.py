@@ -73,7 +73,7 @@ def test_propose_greedy_follows_argmax_and_q_is_transformed(tiny_pair):
     rng = np.random.default_rng(0)
     d = drafter.propose(ids, 5, SamplingParams(), rng)
     seq = list(ids)
-    for tok in d.tokens:  # the torch model's greedy chain
+    for _ in d.tokens:  # the torch model's greedy chain
         seq.append(int(model(seq, model.new_cache(), last_only=True)[0].argmax()))
     assert list(d.tokens) == seq[len(ids):]
     assert np.allclose(d.q.sum(1), 1) and np.all(d.q.max(1) == 1)

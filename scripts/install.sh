@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Install AceSpec with every extra into ./.venv (idempotent; quick when already done).
+#
+#   ACESPEC_VENV   where the virtual environment goes (default: .venv in the repo)
+#   ACESPEC_TORCH  the torch requirement (default: torch==2.13.0, the CPU build on this
+#                  testbed; a looser spec can pull a multi-GB CUDA build)
+#   CMAKE_ARGS     llama.cpp build flags (default: trimmed, portable AVX2 build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${ACESPEC_VENV:-.venv}
+PY=${PYTHON:-python3}
+TORCH=${ACESPEC_TORCH:-torch==2.13.0}
+LLAMA=llama-cpp-python==0.3.36
+# No tools, examples, tests, server or multimodal library: about 140 units instead of ~200.
+export CMAKE_ARGS=${CMAKE_ARGS:-"-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"}
+
+say() { printf '\033[1m[install]\033[0m %s\n' "$*" >&2; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating virtual environment $VENV"
+  "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+"${PIP[@]}" install -q --upgrade pip setuptools wheel
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  say "installing $TORCH"
+  "${PIP[@]}" install -q "$TORCH"
+fi
+if ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
+  say "installing $LLAMA (compiles llama.cpp on first install: ~5-20 min; pip caches the wheel)"
+  "${PIP[@]}" install -q "$LLAMA"
+fi
+say "installing acespec[all] (editable)"
+"${PIP[@]}" install -q -e '.[all]'
+say "ready: $VENV/bin/acespec"
