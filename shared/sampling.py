@@ -33,13 +33,14 @@ def transform(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     probs = np.exp(scaled)
     probs /= probs.sum(axis=1, keepdims=True)
     if params.top_p < 1.0:
-        probs = _top_p(probs, params.top_p)
+        probs = _top_p(probs, scaled, params.top_p)
     return probs
 
 
-def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """Keep, per row, the smallest set of most likely tokens whose mass reaches top_p."""
-    order = np.argsort(-probs, axis=1, kind="stable")  # [n, V]
+def _top_p(probs: np.ndarray, scaled: np.ndarray, top_p: float) -> np.ndarray:
+    """Keep, per row, the smallest set of most likely tokens whose mass reaches top_p.
+    Ranked by logits (finer than probabilities), lowest id first on ties, like argmax."""
+    order = np.argsort(-scaled, axis=1, kind="stable")  # [n, V]
     sorted_p = np.take_along_axis(probs, order, axis=1)
     before = np.cumsum(sorted_p, axis=1) - sorted_p  # mass strictly before each entry
     keep_sorted = before < top_p

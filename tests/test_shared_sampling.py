@@ -8,13 +8,14 @@ from acespec.edge.ngram_drafter import NgramDrafter
 from acespec.shared.config import ConfigError, SamplingParams
 from acespec.shared.sampling import sample, transform
 from acespec.shared.tokenizer import vocab_hash
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 logit_rows = st.lists(st.floats(-20, 20), min_size=2, max_size=40)
 
 
 @settings(max_examples=200, deadline=None)
+@example(row=[-1.07e-128, 0.0], temp=1.0, k=0, p=0.5)  # equal probabilities, unequal logits
 @given(logit_rows, st.floats(0.05, 3.0), st.integers(0, 50), st.floats(0.05, 1.0))
 def test_transform_is_a_distribution_respecting_top_k_and_top_p(row, temp, k, p):
     logits = np.array([row])
