@@ -1,0 +1,171 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Sampling(_message.Message):
+    __slots__ = ("temperature", "top_k", "top_p", "send_mass", "k_max", "tail_samples", "tail_samples_set")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEND_MASS_FIELD_NUMBER: _ClassVar[int]
+    K_MAX_FIELD_NUMBER: _ClassVar[int]
+    TAIL_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TAIL_SAMPLES_SET_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_k: int
+    top_p: float
+    send_mass: float
+    k_max: int
+    tail_samples: int
+    tail_samples_set: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., send_mass: _Optional[float] = ..., k_max: _Optional[int] = ..., tail_samples: _Optional[int] = ..., tail_samples_set: _Optional[bool] = ...) -> None: ...
+
+class Limits(_message.Message):
+    __slots__ = ("max_live_nodes",)
+    MAX_LIVE_NODES_FIELD_NUMBER: _ClassVar[int]
+    max_live_nodes: int
+    def __init__(self, max_live_nodes: _Optional[int] = ...) -> None: ...
+
+class Open(_message.Message):
+    __slots__ = ("protocol_version", "vocab_hash", "prompt_tokens", "sampling", "seed", "limits")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_HASH_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    vocab_hash: str
+    prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
+    sampling: Sampling
+    seed: int
+    limits: Limits
+    def __init__(self, protocol_version: _Optional[int] = ..., vocab_hash: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., seed: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ...) -> None: ...
+
+class Extend(_message.Message):
+    __slots__ = ("tokens", "branch_index", "branch_parent")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_PARENT_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    branch_index: _containers.RepeatedScalarFieldContainer[int]
+    branch_parent: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., branch_index: _Optional[_Iterable[int]] = ..., branch_parent: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Commit(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    def __init__(self, node_id: _Optional[int] = ...) -> None: ...
+
+class MoreTail(_message.Message):
+    __slots__ = ("node_id", "n")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    n: int
+    def __init__(self, node_id: _Optional[int] = ..., n: _Optional[int] = ...) -> None: ...
+
+class Uplink(_message.Message):
+    __slots__ = ("open", "extend", "commit", "more_tail")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    EXTEND_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    MORE_TAIL_FIELD_NUMBER: _ClassVar[int]
+    open: Open
+    extend: Extend
+    commit: Commit
+    more_tail: MoreTail
+    def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., extend: _Optional[_Union[Extend, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., more_tail: _Optional[_Union[MoreTail, _Mapping]] = ...) -> None: ...
+
+class Scores(_message.Message):
+    __slots__ = ("first_node_id", "self_p", "n_entries", "entry_id_delta", "entry_p", "tail_p", "n_tail_samples", "tail_token", "tail_token_p", "greedy_token")
+    FIRST_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SELF_P_FIELD_NUMBER: _ClassVar[int]
+    N_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_DELTA_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_P_FIELD_NUMBER: _ClassVar[int]
+    TAIL_P_FIELD_NUMBER: _ClassVar[int]
+    N_TAIL_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TAIL_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TAIL_TOKEN_P_FIELD_NUMBER: _ClassVar[int]
+    GREEDY_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    first_node_id: int
+    self_p: _containers.RepeatedScalarFieldContainer[int]
+    n_entries: _containers.RepeatedScalarFieldContainer[int]
+    entry_id_delta: _containers.RepeatedScalarFieldContainer[int]
+    entry_p: _containers.RepeatedScalarFieldContainer[int]
+    tail_p: _containers.RepeatedScalarFieldContainer[int]
+    n_tail_samples: _containers.RepeatedScalarFieldContainer[int]
+    tail_token: _containers.RepeatedScalarFieldContainer[int]
+    tail_token_p: _containers.RepeatedScalarFieldContainer[int]
+    greedy_token: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, first_node_id: _Optional[int] = ..., self_p: _Optional[_Iterable[int]] = ..., n_entries: _Optional[_Iterable[int]] = ..., entry_id_delta: _Optional[_Iterable[int]] = ..., entry_p: _Optional[_Iterable[int]] = ..., tail_p: _Optional[_Iterable[int]] = ..., n_tail_samples: _Optional[_Iterable[int]] = ..., tail_token: _Optional[_Iterable[int]] = ..., tail_token_p: _Optional[_Iterable[int]] = ..., greedy_token: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Opened(_message.Message):
+    __slots__ = ("session_id", "model_id", "vocab_hash", "max_live_nodes", "k_max", "root")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_HASH_FIELD_NUMBER: _ClassVar[int]
+    MAX_LIVE_NODES_FIELD_NUMBER: _ClassVar[int]
+    K_MAX_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    model_id: str
+    vocab_hash: str
+    max_live_nodes: int
+    k_max: int
+    root: Scores
+    def __init__(self, session_id: _Optional[str] = ..., model_id: _Optional[str] = ..., vocab_hash: _Optional[str] = ..., max_live_nodes: _Optional[int] = ..., k_max: _Optional[int] = ..., root: _Optional[_Union[Scores, _Mapping]] = ...) -> None: ...
+
+class TailSamples(_message.Message):
+    __slots__ = ("node_id", "tail_token", "tail_token_p")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TAIL_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TAIL_TOKEN_P_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    tail_token: _containers.RepeatedScalarFieldContainer[int]
+    tail_token_p: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[int] = ..., tail_token: _Optional[_Iterable[int]] = ..., tail_token_p: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Downlink(_message.Message):
+    __slots__ = ("opened", "scores", "tail")
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
+    opened: Opened
+    scores: Scores
+    tail: TailSamples
+    def __init__(self, opened: _Optional[_Union[Opened, _Mapping]] = ..., scores: _Optional[_Union[Scores, _Mapping]] = ..., tail: _Optional[_Union[TailSamples, _Mapping]] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("protocol_version", "vocab_hash", "prompt_tokens", "sampling", "seed", "max_tokens", "stop_tokens")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_HASH_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    vocab_hash: str
+    prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
+    sampling: Sampling
+    seed: int
+    max_tokens: int
+    stop_tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, protocol_version: _Optional[int] = ..., vocab_hash: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GenerateChunk(_message.Message):
+    __slots__ = ("tokens", "done", "target_forwards")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FORWARDS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    done: bool
+    target_forwards: int
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., done: _Optional[bool] = ..., target_forwards: _Optional[int] = ...) -> None: ...

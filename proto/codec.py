@@ -1,0 +1,132 @@
+"""Protobuf <-> domain types. The only module besides the servicer and the client that
+touches protobuf messages; the math never sees them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from acespec.proto import acespec_pb2 as pb
+from acespec.shared.config import ConfigError, SamplingParams
+from acespec.shared.served import MAX_TAIL_SAMPLES, NodeScore, ServeParams
+
+
+class WireError(ValueError):
+    """A message is malformed; the text names the field."""
+
+
+@dataclass(frozen=True)
+class NewNodes:
+    """An Extend in domain form: node first_id + i has token tokens[i], parent parents[i]."""
+
+    first_id: int
+    tokens: np.ndarray  # [n] int64
+    parents: np.ndarray  # [n] int64 node ids, each < its own id
+
+
+# -- sampling -----------------------------------------------------------------
+
+
+def encode_serve_params(p: ServeParams) -> pb.Sampling:
+    s = p.sampling
+    return pb.Sampling(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                       send_mass=p.send_mass, k_max=p.k_max, tail_samples=p.tail_samples,
+                       tail_samples_set=True)
+
+
+def decode_serve_params(msg: pb.Sampling, default: ServeParams = ServeParams()) -> ServeParams:
+    """Wire sampling -> ServeParams; zeros mean 'default'. Raises WireError naming the field."""
+    try:
+        sampling = SamplingParams(temperature=msg.temperature, top_k=msg.top_k,
+                                  top_p=msg.top_p or 1.0)
+        return ServeParams(
+            sampling=sampling, k_max=msg.k_max or default.k_max,
+            send_mass=msg.send_mass or default.send_mass,
+            tail_samples=msg.tail_samples if msg.tail_samples_set else default.tail_samples)
+    except ConfigError as e:
+        raise WireError(f"sampling: {e}") from None
+
+
+# -- uplink: Extend -------------------------------------------------------------
+
+
+def encode_extend(first_id: int, tokens: Sequence[int], parents: Sequence[int]) -> pb.Extend:
+    """Chain parents cost nothing; others become (index, parent) exceptions."""
+    idx = [i for i, p in enumerate(parents) if p != first_id + i - 1]
+    return pb.Extend(tokens=list(map(int, tokens)), branch_index=idx,
+                     branch_parent=[int(parents[i]) for i in idx])
+
+
+def decode_extend(msg: pb.Extend, first_id: int) -> NewNodes:
+    n = len(msg.tokens)
+    if n == 0:
+        raise WireError("Extend.tokens is empty")
+    if len(msg.branch_index) != len(msg.branch_parent):
+        raise WireError(f"Extend.branch_index has {len(msg.branch_index)} entries but "
+                        f"branch_parent has {len(msg.branch_parent)}")
+    parents = np.arange(first_id - 1, first_id - 1 + n, dtype=np.int64)
+    for i, p in zip(msg.branch_index, msg.branch_parent):
+        if i >= n:
+            raise WireError(f"Extend.branch_index {i} is outside the {n} new nodes")
+        if p >= first_id + i:
+            raise WireError(f"Extend.branch_parent {p} of node {first_id + i} is not an earlier node")
+        parents[i] = p
+    return NewNodes(first_id, np.asarray(msg.tokens, dtype=np.int64), parents)
+
+
+# -- downlink: Scores -------------------------------------------------------------
+
+
+def encode_scores(scores: Sequence[NodeScore], greedy: bool) -> pb.Scores:
+    """Consecutive node scores -> one Scores message (parallel packed arrays)."""
+    if not scores:
+        raise ValueError("no scores to encode")
+    first = scores[0].node_id
+    if any(s.node_id != first + i for i, s in enumerate(scores)):
+        raise ValueError("scores must cover consecutive node ids")
+    if greedy:
+        return pb.Scores(first_node_id=first, greedy_token=[s.greedy_token for s in scores])
+    msg = pb.Scores(first_node_id=first)
+    for s in scores:
+        msg.self_p.append(s.self_units)
+        msg.n_entries.append(len(s.ids))
+        msg.entry_id_delta.extend(np.diff(s.ids, prepend=0).tolist())
+        msg.entry_p.extend(s.units.tolist())
+        msg.tail_p.append(s.tail_units)
+        msg.n_tail_samples.append(len(s.tail_ids))
+        msg.tail_token.extend(s.tail_ids.tolist())
+        msg.tail_token_p.extend(s.tail_sample_units.tolist())
+    return msg
+
+
+def decode_scores(msg: pb.Scores) -> list[NodeScore]:
+    """One Scores message -> NodeScore per node (greedy messages carry only argmax ids)."""
+    first = msg.first_node_id
+    if msg.greedy_token:
+        one, empty = np.array([65536]), np.zeros(0, np.int64)
+        return [NodeScore(first + i, 0, np.array([t]), one, 0, empty, empty)
+                for i, t in enumerate(msg.greedy_token)]
+    n = len(msg.n_entries)
+    if not (len(msg.self_p) == len(msg.tail_p) == len(msg.n_tail_samples) == n):
+        raise WireError("Scores per-node arrays differ in length")
+    if sum(msg.n_entries) != len(msg.entry_id_delta) or len(msg.entry_p) != len(msg.entry_id_delta):
+        raise WireError("Scores.n_entries does not match the entry arrays")
+    if sum(msg.n_tail_samples) != len(msg.tail_token) or len(msg.tail_token) != len(msg.tail_token_p):
+        raise WireError("Scores.n_tail_samples does not match the tail arrays")
+    ids, probs = np.asarray(msg.entry_id_delta, np.int64), np.asarray(msg.entry_p, np.int64)
+    tz, tp = np.asarray(msg.tail_token, np.int64), np.asarray(msg.tail_token_p, np.int64)
+    out, e, t = [], 0, 0
+    for i in range(n):
+        k, m = msg.n_entries[i], msg.n_tail_samples[i]
+        out.append(NodeScore(first + i, msg.self_p[i], np.cumsum(ids[e:e + k]), probs[e:e + k],
+                             msg.tail_p[i], tz[t:t + m], tp[t:t + m]))
+        e, t = e + k, t + m
+    return out
+
+
+def check_more_tail(msg: pb.MoreTail) -> tuple[int, int]:
+    if not 1 <= msg.n <= MAX_TAIL_SAMPLES:
+        raise WireError(f"MoreTail.n must be in [1, {MAX_TAIL_SAMPLES}], got {msg.n}")
+    return msg.node_id, msg.n

@@ -1,0 +1,145 @@
+"""The served distribution p~ and its sparse downlink form (DESIGN §5).
+
+p~ for a node: target logits -> temperature -> top-k (k <= k_max; 0 means k_max) -> softmax
+-> top-p -> quantise to integer units of 2^-16 (largest remainder, sum exactly 65536).
+What top-k/top-p cut has p~ = 0 (it is *not* tail). The cloud sends the smallest set of top
+entries whose mass reaches `send_mass`; the rest of p~'s support is the tail: its mass plus
+m tokens pre-drawn from p~ restricted to the tail. Greedy is one id. Pure numpy, RNG passed
+in or derived from (seed, node id).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from acespec.shared.config import ConfigError, SamplingParams
+
+UNITS = 1 << 16  # probability 1 in units of 2^-16
+MAX_TAIL_SAMPLES = 64
+
+
+@dataclass(frozen=True)
+class ServeParams:
+    """How the cloud serves p~ for a session."""
+
+    sampling: SamplingParams = SamplingParams()
+    k_max: int = 64  # most entries p~ may have (caps top_k; top_k=0 means k_max)
+    send_mass: float = 0.9  # send the smallest top set whose mass reaches this
+    tail_samples: int = 2  # m pre-drawn tail samples per node
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k_max <= 4096:
+            raise ConfigError(f"k_max must be in [1, 4096], got {self.k_max}")
+        if not 0 < self.send_mass <= 1:
+            raise ConfigError(f"send_mass must be in (0, 1], got {self.send_mass}")
+        if not 0 <= self.tail_samples <= MAX_TAIL_SAMPLES:
+            raise ConfigError(f"tail_samples must be in [0, {MAX_TAIL_SAMPLES}], "
+                              f"got {self.tail_samples}")
+
+    @property
+    def k(self) -> int:
+        top_k = self.sampling.top_k
+        return self.k_max if top_k == 0 else min(top_k, self.k_max)
+
+
+@dataclass(frozen=True)
+class ServedDist:
+    """p~ of one node: its support in descending probability order (ties: lower id first)."""
+
+    ids: np.ndarray  # [k] int64 token ids
+    units: np.ndarray  # [k] int64 probabilities in units of 2^-16, all > 0, sum UNITS
+
+    def units_of(self, token: int) -> int:
+        hit = np.nonzero(self.ids == token)[0]
+        return int(self.units[hit[0]]) if len(hit) else 0
+
+
+@dataclass(frozen=True)
+class NodeScore:
+    """What the downlink says about one node: the wire form of p~ (ids ascending)."""
+
+    node_id: int
+    self_units: int  # p~(this node's token | parent), units; 0 for the root
+    ids: np.ndarray  # [s] int64 sent token ids, ascending
+    units: np.ndarray  # [s] int64 their units
+    tail_units: int  # mass of p~ not sent
+    tail_ids: np.ndarray  # [m] int64 pre-drawn tail samples z ~ p~ restricted to the tail
+    tail_sample_units: np.ndarray  # [m] int64 p~(z) for each sample
+
+    @property
+    def greedy_token(self) -> int:
+        return int(self.ids[0])
+
+
+def quantize(probs: np.ndarray) -> np.ndarray:
+    """[k] float probabilities (sum ~1) -> [k] int64 units summing to UNITS exactly.
+    Largest remainder: floor, then one more unit to the largest remainders (earlier first)."""
+    scaled = probs / probs.sum() * UNITS
+    units = np.floor(scaled).astype(np.int64)
+    short = UNITS - int(units.sum())
+    if short > 0:
+        order = np.argsort(-(scaled - units), kind="stable")
+        units[order[:short]] += 1
+    return units
+
+
+def served(logits: np.ndarray, params: ServeParams) -> ServedDist:
+    """p~ for one node from its logits [V] (any float dtype)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    s = params.sampling
+    if s.greedy:
+        return ServedDist(ids=np.array([int(logits.argmax())]), units=np.array([UNITS]))
+    k = min(params.k, len(logits))
+    top = np.argpartition(-logits, k - 1)[:k] if k < len(logits) else np.arange(len(logits))
+    top = top[np.lexsort((top, -logits[top]))]  # descending logit, lower id on ties
+    z = (logits[top] - logits[top[0]]) / s.temperature
+    probs = np.exp(z)
+    probs /= probs.sum()
+    if s.top_p < 1.0:
+        keep = (np.cumsum(probs) - probs) < s.top_p
+        top, probs = top[keep], probs[keep]
+    units = quantize(probs)
+    nz = units > 0
+    top, units = top[nz], units[nz]
+    order = np.lexsort((top, -units))  # quantisation can reorder near-ties
+    return ServedDist(ids=top[order], units=units[order])
+
+
+def tail_rng(seed: int, node_id: int) -> np.random.Generator:
+    """The RNG of a node's tail samples: a function of (session seed, node id) only."""
+    return np.random.default_rng([seed & (2**64 - 1), node_id])
+
+
+def tail_draws(dist: ServedDist, n_sent: int, seed: int, node_id: int, start: int,
+               count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tail samples number [start, start+count) of a node: (ids [count], units [count]).
+    Deterministic, so `MoreTail` continues the same stream the first Scores began."""
+    tail_ids, tail_units = dist.ids[n_sent:], dist.units[n_sent:]
+    if len(tail_ids) == 0 or count == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    rng = tail_rng(seed, node_id)
+    picks = rng.choice(len(tail_ids), size=start + count, p=tail_units / tail_units.sum())
+    picks = picks[start:]
+    return tail_ids[picks], tail_units[picks]
+
+
+def n_sent(dist: ServedDist, send_mass: float) -> int:
+    """Entries sent: the smallest top set whose mass reaches send_mass."""
+    need = send_mass * UNITS
+    return int(min(len(dist.units), np.searchsorted(np.cumsum(dist.units), need - 1e-9) + 1))
+
+
+def node_score(dist: ServedDist, params: ServeParams, node_id: int, self_units: int,
+               seed: int) -> NodeScore:
+    """The wire form of p~ for one node."""
+    if params.sampling.greedy:
+        empty = np.zeros(0, np.int64)
+        return NodeScore(node_id, self_units, dist.ids[:1], dist.units[:1], 0, empty, empty)
+    s = n_sent(dist, params.send_mass)
+    order = np.argsort(dist.ids[:s])
+    z_ids, z_units = tail_draws(dist, s, seed, node_id, 0, params.tail_samples)
+    return NodeScore(node_id=node_id, self_units=self_units, ids=dist.ids[:s][order],
+                     units=dist.units[:s][order], tail_units=int(dist.units[s:].sum()),
+                     tail_ids=z_ids, tail_sample_units=z_units)
