@@ -44,6 +44,12 @@ def _add_generate(sub) -> None:
     add_parser(sub)
 
 
+def _add_cloud(sub) -> None:
+    from acespec.cloud.cli import add_parser
+
+    add_parser(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="acespec", description="AceSpec: edge-cloud speculative decoding over slow links.")
@@ -52,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="more logging (-v info, -vv debug)")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     _add_generate(sub)
+    _add_cloud(sub)
     _add_models(sub)
     return parser
 
@@ -59,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
-    if args.cmd == "models":
+    if args.cmd in ("models", "cloud"):
         level = min(level, logging.INFO)  # long jobs report progress
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")

@@ -128,11 +128,13 @@ class KVCache:
             p = self.parent[old]
             if p != ROOT and remap[p] < 0:
                 raise TreeError(f"slot {old} kept but its parent {p} is not")
-        index = torch.tensor(keep, dtype=torch.long, device=self.k[0].device)
+        # Slots before the first gap stay where they are: copy only what moves.
+        same = next((i for i, old in enumerate(keep) if old != i), len(keep))
+        index = torch.tensor(keep[same:], dtype=torch.long, device=self.k[0].device)
         n = len(keep)
         for layer in range(len(self.k)):
-            self.k[layer][:, :n] = self.k[layer].index_select(1, index)
-            self.v[layer][:, :n] = self.v[layer].index_select(1, index)
+            self.k[layer][:, same:n] = self.k[layer].index_select(1, index)
+            self.v[layer][:, same:n] = self.v[layer].index_select(1, index)
         parents = [self.parent[o] for o in keep]
         self.truncate(0)
         for p in parents:  # ancestor-closed, so depths (RoPE positions) are unchanged

@@ -26,6 +26,7 @@ class Request:
     tokens: Sequence[int]  # [n_new] token ids
     cache: KVCache
     parents: Sequence[int] | None = None  # [n_new] parent slots; None = chain off the last slot
+    last_only: bool = False  # logits for the last node only (prefill)
 
 
 class RMSNorm(nn.Module):
@@ -173,14 +174,14 @@ class Transformer(nn.Module):
         return KVCache(a.num_layers, a.num_kv_heads, a.head_dim, self.dtype, self.device, capacity)
 
     @torch.inference_mode()
-    def forward_batch(self, reqs: Sequence[Request], last_only: bool = False) -> list[torch.Tensor]:
+    def forward_batch(self, reqs: Sequence[Request]) -> list[torch.Tensor]:
         """Score new nodes of several sequences in one pass. Returns per request logits
-        [n_new, V] float32 (or [1, V] for the last node with last_only)."""
+        [n_new, V] float32 ([1, V] for a request with last_only)."""
         plans = []
         try:
             for req in reqs:
                 plans.append(req.cache.plan(req.parents, len(req.tokens)))
-            return self._run(reqs, plans, last_only)
+            return self._run(reqs, plans)
         except BaseException:
             for req, plan in zip(reqs, plans):
                 req.cache.truncate(plan.start)
@@ -189,7 +190,7 @@ class Transformer(nn.Module):
     def forward(self, tokens: Sequence[int], cache: KVCache,
                 parents: Sequence[int] | None = None, last_only: bool = False) -> torch.Tensor:
         """Single-sequence convenience: logits [n_new, V] float32."""
-        return self.forward_batch([Request(tokens, cache, parents)], last_only)[0]
+        return self.forward_batch([Request(tokens, cache, parents, last_only)])[0]
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [n, head_dim] in the model dtype for int64 positions [n]."""
@@ -206,15 +207,17 @@ class Transformer(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.lm_head(self.model.norm(x))
 
-    def _run(self, reqs, plans, last_only):
+    def _run(self, reqs, plans):
         ids = torch.tensor([t for r in reqs for t in r.tokens], dtype=torch.long, device=self.device)
         rope = self._rope(torch.cat([p.positions for p in plans]))
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             x = layer(x, rope, reqs, plans)
         sizes = [len(r.tokens) for r in reqs]
-        if last_only:
-            ends = torch.tensor(sizes, device=self.device).cumsum(0) - 1
-            x, sizes = x[ends], [1] * len(reqs)
+        if any(r.last_only for r in reqs):
+            ends = torch.tensor(sizes, device=self.device).cumsum(0)
+            rows = torch.cat([torch.arange(e - (1 if r.last_only else n), e, device=self.device)
+                              for r, n, e in zip(reqs, sizes, ends.tolist())])
+            x, sizes = x[rows], [1 if r.last_only else n for r, n in zip(reqs, sizes)]
         logits = self.lm_head(self.model.norm(x)).float()
         return list(logits.split(sizes))

@@ -143,3 +143,9 @@ def node_score(dist: ServedDist, params: ServeParams, node_id: int, self_units: 
     return NodeScore(node_id=node_id, self_units=self_units, ids=dist.ids[:s][order],
                      units=dist.units[:s][order], tail_units=int(dist.units[s:].sum()),
                      tail_ids=z_ids, tail_sample_units=z_units)
+
+
+def sample_served(dist: ServedDist, u: float) -> int:
+    """Inverse-CDF draw from p~ with one uniform u in [0, 1) (support order)."""
+    cum = np.cumsum(dist.units)
+    return int(dist.ids[min(np.searchsorted(cum, u * UNITS, side="right"), len(cum) - 1)])

@@ -1,0 +1,51 @@
+"""Prometheus metrics of the verifier (served as text on --metrics-port)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Metrics:
+    registry: object
+    sessions_opened: object
+    sessions_active: object
+    nodes_scored: object
+    forward_passes: object
+    batch_nodes: object
+    batch_sessions: object
+    message_bytes: object
+    errors: object
+
+    @classmethod
+    def create(cls) -> Metrics:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        r = CollectorRegistry()
+        return cls(
+            registry=r,
+            sessions_opened=Counter("acespec_sessions_opened", "Sessions opened", registry=r),
+            sessions_active=Gauge("acespec_sessions_active", "Sessions open now", registry=r),
+            nodes_scored=Counter("acespec_nodes_scored", "Tree nodes scored", registry=r),
+            forward_passes=Counter("acespec_forward_passes", "Target forward passes", registry=r),
+            batch_nodes=Histogram("acespec_batch_nodes", "Nodes per forward pass", registry=r,
+                                  buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)),
+            batch_sessions=Histogram("acespec_batch_sessions", "Requests per forward pass",
+                                     registry=r, buckets=(1, 2, 4, 8, 16, 32, 64)),
+            message_bytes=Counter("acespec_message_bytes", "Serialized protobuf bytes",
+                                  ["direction"], registry=r),
+            errors=Counter("acespec_errors", "Sessions ended by an error", ["code"], registry=r),
+        )
+
+    def on_pass(self, stats) -> None:
+        self.forward_passes.inc()
+        self.nodes_scored.inc(stats.nodes)
+        self.batch_nodes.observe(stats.nodes)
+        self.batch_sessions.observe(stats.sessions)
+
+    def serve(self, port: int, host: str = "0.0.0.0"):
+        """Start the HTTP exporter in a thread; returns (server, bound port)."""
+        from prometheus_client import start_http_server
+
+        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        return server, server.server_port

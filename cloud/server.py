@@ -1,0 +1,112 @@
+"""`acespec cloud serve`: load the target, start the gRPC verifier (with health, auth, TLS,
+metrics) and shut down gracefully on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from acespec.cloud.batcher import StepEmulation
+from acespec.cloud.engine import Engine, Limits
+from acespec.cloud.servicer import VerifierServicer
+from acespec.proto import acespec_pb2_grpc as pb_grpc
+from acespec.shared.served import ServeParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str = ""  # HF checkpoint folder ('' = the demo target)
+    host: str = "0.0.0.0"
+    port: int = 50051
+    dtype: str = "float32"
+    device: str = "cpu"
+    limits: Limits = field(default_factory=Limits)
+    idle_timeout_s: float = 300.0
+    auth_tokens: frozenset[str] = frozenset()
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    metrics_port: int | None = None
+    emulation: StepEmulation = field(default_factory=StepEmulation)
+    grace_s: float = 10.0
+    default_params: ServeParams = field(default_factory=ServeParams)
+
+
+def load_engine(cfg: ServerConfig, metrics=None) -> Engine:
+    from acespec.cloud.loader import load_model
+    from acespec.models import DEMO_TARGET
+    from acespec.shared.tokenizer import Tokenizer
+
+    path = Path(cfg.model or DEMO_TARGET)
+    model = load_model(path, dtype=cfg.dtype, device=cfg.device)
+    vocab_hash = Tokenizer.load(path).vocab_hash()
+    model_id = f"{path.resolve().name}:{model.args.arch}"
+    if cfg.emulation.base_ms or cfg.emulation.per_node_ms:
+        log.warning("TESTBED: every forward pass is padded by %.1f ms + %.2f ms/node "
+                    "(--emulate-step-ms) to emulate a big target model",
+                    cfg.emulation.base_ms, cfg.emulation.per_node_ms)
+    return Engine(model, vocab_hash, model_id, cfg.limits, cfg.emulation, metrics)
+
+
+async def create_server(engine: Engine, cfg: ServerConfig) -> tuple[grpc.aio.Server, int]:
+    """A started server bound to cfg.host:cfg.port (0 = any free port); returns (server, port)."""
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 << 20)])
+    servicer = VerifierServicer(engine, cfg.auth_tokens, cfg.idle_timeout_s, cfg.default_params)
+    pb_grpc.add_VerifierServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    address = f"{cfg.host}:{cfg.port}"
+    if cfg.tls_cert or cfg.tls_key:
+        if not (cfg.tls_cert and cfg.tls_key):
+            raise ValueError("TLS needs both --tls-cert and --tls-key")
+        creds = grpc.ssl_server_credentials(
+            [(Path(cfg.tls_key).read_bytes(), Path(cfg.tls_cert).read_bytes())])
+        port = server.add_secure_port(address, creds)
+    else:
+        port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    await server.start()
+    for name in ("", "acespec.v1.Verifier"):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    server.health_servicer = health_servicer  # so shutdown can flip it to NOT_SERVING
+    return server, port
+
+
+async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
+    """Run until SIGINT/SIGTERM, then drain: refuse new sessions, give open ones grace_s."""
+    from acespec.cloud.metrics import Metrics
+
+    metrics = Metrics.create()
+    engine = load_engine(cfg, metrics)
+    server, port = await create_server(engine, cfg)
+    if cfg.metrics_port is not None:
+        _, mport = metrics.serve(cfg.metrics_port)
+        log.info("metrics on http://%s:%d/metrics", cfg.host, mport)
+    log.warning("verifier %s serving on %s:%d (%s%s)", engine.model_id, cfg.host, port,
+                "TLS" if cfg.tls_cert else "plaintext",
+                ", bearer auth" if cfg.auth_tokens else ", no auth")
+    print(f"acespec verifier listening on {cfg.host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if ready:
+        ready.set()
+    await stop.wait()
+    from grpc_health.v1 import health_pb2
+
+    await server.health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    log.warning("shutting down: draining %d sessions (grace %.0f s)", len(engine.sessions),
+                cfg.grace_s)
+    await server.stop(cfg.grace_s)
+    await engine.close_all()
+    log.warning("verifier stopped")

@@ -1,0 +1,157 @@
+"""The gRPC boundary: protobuf in, engine calls, protobuf out; domain errors become status
+codes here and end only the session that caused them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from acespec.cloud.engine import Engine
+from acespec.cloud.errors import FailedPrecondition, InvalidArgument, SessionError, Unauthenticated
+from acespec.proto import acespec_pb2 as pb
+from acespec.proto import acespec_pb2_grpc as pb_grpc
+from acespec.proto.codec import (
+    WireError,
+    check_more_tail,
+    decode_extend,
+    decode_serve_params,
+    encode_scores,
+)
+from acespec.shared.served import ServeParams
+
+log = logging.getLogger(__name__)
+SESSION_KEY = "x-acespec-session"  # metadata a load balancer can hash on for stickiness
+
+
+class VerifierServicer(pb_grpc.VerifierServicer):
+    def __init__(self, engine: Engine, auth_tokens: frozenset[str] = frozenset(),
+                 idle_timeout_s: float = 300.0, default_params: ServeParams = ServeParams()):
+        self.engine, self.auth_tokens = engine, auth_tokens
+        self.idle_timeout_s, self.default_params = idle_timeout_s, default_params
+
+    # -- boundary helpers ---------------------------------------------------------
+
+    def _authorize(self, context) -> None:
+        if not self.auth_tokens:
+            return
+        md = dict(context.invocation_metadata() or ())
+        header = md.get("authorization", "")
+        if not header.startswith("Bearer ") or header[7:] not in self.auth_tokens:
+            raise Unauthenticated("missing or wrong bearer token (metadata 'authorization: "
+                                  "Bearer <token>')")
+
+    async def _fail(self, context, err: Exception) -> None:
+        if isinstance(err, WireError):
+            err = InvalidArgument(str(err))
+        if not isinstance(err, SessionError):
+            log.exception("internal error", exc_info=err)
+            err = SessionError("internal error (see the verifier's log)")
+        if self.engine.metrics:
+            self.engine.metrics.errors.labels(err.code).inc()
+        log.info("session ended: %s %s", err.code, err)
+        await context.abort(grpc.StatusCode[err.code], str(err))
+
+    def _count(self, direction: str, msg) -> None:
+        if self.engine.metrics:
+            self.engine.metrics.message_bytes.labels(direction).inc(msg.ByteSize())
+
+    async def _read(self, context):
+        try:
+            msg = await asyncio.wait_for(context.read(), self.idle_timeout_s)
+        except asyncio.TimeoutError:
+            raise FailedPrecondition(f"session idle for {self.idle_timeout_s:g} s") from None
+        if msg is not grpc.aio.EOF:
+            self._count("up", msg)
+        return msg
+
+    async def _write(self, context, msg) -> None:
+        self._count("down", msg)
+        await context.write(msg)
+
+    # -- Session ------------------------------------------------------------------
+
+    async def Session(self, request_iterator, context):  # noqa: N802 - gRPC name
+        session_id = None
+        try:
+            self._authorize(context)
+            first = await self._read(context)
+            if first is grpc.aio.EOF:
+                return
+            if first.WhichOneof("msg") != "open":
+                raise FailedPrecondition(f"{first.WhichOneof('msg') or 'empty message'} "
+                                         "before Open: the first message must be Open")
+            session_id, session = await self._open(first.open, context)
+            await self._loop(session, context)
+        except (SessionError, WireError) as e:
+            await self._fail(context, e)
+        except asyncio.CancelledError:
+            log.info("session %s cancelled by the client", session_id)
+            raise
+        except Exception as e:  # noqa: BLE001 - becomes INTERNAL for this session only
+            await self._fail(context, e)
+        finally:
+            self.engine.close(session_id)
+            if session_id and self.engine.metrics:
+                self.engine.metrics.sessions_active.dec()
+
+    async def _open(self, msg: pb.Open, context):
+        self.engine.check_handshake(msg.protocol_version, msg.vocab_hash)
+        if not msg.vocab_hash:
+            raise FailedPrecondition("Open.vocab_hash is required")
+        params = decode_serve_params(msg.sampling, self.default_params)
+        res = await self.engine.open(list(msg.prompt_tokens), params, msg.seed,
+                                     msg.limits.max_live_nodes)
+        if self.engine.metrics:
+            self.engine.metrics.sessions_opened.inc()
+            self.engine.metrics.sessions_active.inc()
+        await self._write(context, pb.Downlink(opened=pb.Opened(
+            session_id=res.session_id, model_id=self.engine.model_id,
+            vocab_hash=self.engine.vocab_hash, max_live_nodes=res.max_live_nodes,
+            k_max=params.k_max, root=encode_scores([res.root], params.sampling.greedy))))
+        return res.session_id, res.session
+
+    async def _loop(self, session, context) -> None:
+        greedy = session.params.sampling.greedy
+        while True:
+            msg = await self._read(context)
+            if msg is grpc.aio.EOF:
+                return
+            kind = msg.WhichOneof("msg")
+            if kind == "extend":
+                nodes = decode_extend(msg.extend, session.next_id)
+                scores = await self.engine.extend(session, nodes.first_id, nodes.tokens,
+                                                  nodes.parents)
+                await self._write(context, pb.Downlink(scores=encode_scores(scores, greedy)))
+            elif kind == "commit":
+                session.commit(msg.commit.node_id)
+            elif kind == "more_tail":
+                node_id, n = check_more_tail(msg.more_tail)
+                ids, units = session.more_tail(node_id, n)
+                await self._write(context, pb.Downlink(tail=pb.TailSamples(
+                    node_id=node_id, tail_token=ids.tolist(), tail_token_p=units.tolist())))
+            elif kind == "open":
+                raise FailedPrecondition("second Open on one stream; open a new stream")
+            else:
+                raise InvalidArgument("empty Uplink message (no field of the oneof is set)")
+
+    # -- Generate -------------------------------------------------------------------
+
+    async def Generate(self, request, context):  # noqa: N802 - gRPC name
+        try:
+            self._authorize(context)
+            self._count("up", request)
+            self.engine.check_handshake(request.protocol_version, request.vocab_hash)
+            params = decode_serve_params(request.sampling, self.default_params)
+            count = 0
+            async for token in self.engine.generate(list(request.prompt_tokens), params,
+                                                    request.seed, request.max_tokens or 128,
+                                                    list(request.stop_tokens)):
+                count += 1
+                chunk = pb.GenerateChunk(tokens=[token], target_forwards=count)
+                self._count("down", chunk)
+                yield chunk
+            yield pb.GenerateChunk(done=True, target_forwards=count)
+        except (SessionError, WireError) as e:
+            await self._fail(context, e)

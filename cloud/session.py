@@ -1,0 +1,141 @@
+"""One edge session: a trie of token nodes over the target's tree KV cache (DESIGN §3).
+
+Node 0 is the root (the last prompt token); new nodes get consecutive ids. The session
+scores nodes (served distribution p~ of the next token, sparse) and never decides: the edge
+does. Work is split in plan (validate, build the model request) and finish (turn the
+logits into scores), so a batcher can run many sessions' requests in one forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from acespec.cloud.errors import InvalidArgument, NotFound, ResourceExhausted
+from acespec.cloud.model import Request, Transformer
+from acespec.shared.served import NodeScore, ServedDist, ServeParams, n_sent, node_score, served, tail_draws
+
+
+@dataclass
+class Node:
+    token: int
+    parent: int  # node id; -1 for the root
+    slot: int  # KV cache slot
+    dist: ServedDist | None = None  # p~ of the next token, once scored
+    tails_issued: int = 0  # tail samples sent so far
+
+
+class TreeSession:
+    def __init__(self, model: Transformer, params: ServeParams, seed: int, max_live_nodes: int):
+        self.model, self.params, self.seed = model, params, seed
+        self.max_live_nodes = max_live_nodes
+        self.cache = model.new_cache()
+        self.nodes: dict[int, Node] = {}
+        self.root = 0
+        self.next_id = 0
+
+    @property
+    def live_nodes(self) -> int:
+        """Uncommitted nodes below the root."""
+        return max(0, len(self.nodes) - 1)
+
+    # -- open ------------------------------------------------------------------
+
+    def plan_open(self, prompt: Sequence[int]) -> Request:
+        self._check_tokens(prompt, "prompt_tokens")
+        self.nodes[0] = Node(token=int(prompt[-1]), parent=-1, slot=len(prompt) - 1)
+        self.next_id = 1
+        return Request(list(map(int, prompt)), self.cache, None, last_only=True)
+
+    def finish_open(self, logits: torch.Tensor) -> NodeScore:
+        return self._score(0, logits[-1].numpy(), self_units=0)
+
+    # -- extend ----------------------------------------------------------------
+
+    def plan_extend(self, first_id: int, tokens: np.ndarray, parents: np.ndarray) -> Request:
+        """Validate new nodes first_id.. (tokens [n], parent ids [n]); the model request."""
+        if first_id != self.next_id:
+            raise InvalidArgument(f"Extend starts at node {first_id}, expected {self.next_id}")
+        self._check_tokens(tokens, "Extend.tokens")
+        if self.live_nodes + len(tokens) > self.max_live_nodes:
+            raise ResourceExhausted(f"{self.live_nodes + len(tokens)} live nodes would exceed "
+                                    f"max_live_nodes={self.max_live_nodes}; Commit first")
+        base = self.cache.length
+        slots = []
+        for i, p in enumerate(parents.tolist()):
+            if p in self.nodes:
+                slots.append(self.nodes[p].slot)
+            elif first_id <= p < first_id + i:
+                slots.append(base + p - first_id)
+            else:
+                raise InvalidArgument(f"parent {p} of node {first_id + i} is not a live node")
+        for i, (t, p) in enumerate(zip(tokens.tolist(), parents.tolist())):
+            self.nodes[first_id + i] = Node(token=t, parent=p, slot=base + i)
+        self.next_id += len(tokens)
+        return Request(tokens.tolist(), self.cache, slots)
+
+    def finish_extend(self, first_id: int, logits: torch.Tensor) -> list[NodeScore]:
+        rows = logits.numpy()
+        out = []
+        for i, row in enumerate(rows):
+            node = self.nodes[first_id + i]
+            parent_dist = self.nodes[node.parent].dist
+            out.append(self._score(first_id + i, row, parent_dist.units_of(node.token)))
+        return out
+
+    def abandon(self, first_id: int, n: int) -> None:
+        """Forget nodes of a request whose forward pass failed (the model already dropped
+        their cache slots)."""
+        for i in range(n):
+            self.nodes.pop(first_id + i, None)
+        self.next_id = first_id
+
+    # -- commit, tail ------------------------------------------------------------
+
+    def commit(self, node_id: int) -> None:
+        """Re-root at node_id: keep its path and its subtree, free everything else."""
+        if node_id not in self.nodes:
+            raise NotFound(f"Commit: node {node_id} is not live")
+        if self.nodes[node_id].dist is None:
+            raise InvalidArgument(f"Commit: node {node_id} has not been scored")
+        keep = {node_id}
+        for nid in sorted(self.nodes):
+            if nid > node_id and self.nodes[nid].parent in keep:
+                keep.add(nid)
+        slots = set(self.cache.path_to(self.nodes[node_id].slot))
+        slots |= {self.nodes[n].slot for n in keep}
+        remap = self.cache.retain(sorted(slots))
+        self.nodes = {n: self.nodes[n] for n in sorted(keep)}
+        for node in self.nodes.values():
+            node.slot = remap[node.slot]
+        self.nodes[node_id].parent = -1
+        self.root = node_id
+
+    def more_tail(self, node_id: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        node = self.nodes.get(node_id)
+        if node is None or node.dist is None:
+            raise NotFound(f"MoreTail: node {node_id} is not a live scored node")
+        sent = n_sent(node.dist, self.params.send_mass)
+        ids, units = tail_draws(node.dist, sent, self.seed, node_id, node.tails_issued, n)
+        node.tails_issued += n
+        return ids, units
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _score(self, node_id: int, logits: np.ndarray, self_units: int) -> NodeScore:
+        node = self.nodes[node_id]
+        node.dist = served(logits, self.params)
+        node.tails_issued = self.params.tail_samples
+        return node_score(node.dist, self.params, node_id, self_units, self.seed)
+
+    def _check_tokens(self, tokens, field: str) -> None:
+        if len(tokens) == 0:
+            raise InvalidArgument(f"{field} is empty")
+        vocab = self.model.args.vocab_size
+        bad = [int(t) for t in tokens if not 0 <= int(t) < vocab]
+        if bad:
+            raise InvalidArgument(f"{field}: token id {bad[0]} is outside the vocabulary "
+                                  f"[0, {vocab})")

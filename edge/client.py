@@ -1,0 +1,113 @@
+"""Client side of the protocol: open a verifier session, stream Extend/Commit/MoreTail up,
+decode Scores down into `acespec.shared` types. Used by the edge engine and the tests."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from acespec.proto import PROTOCOL_VERSION
+from acespec.proto import acespec_pb2 as pb
+from acespec.proto import acespec_pb2_grpc as pb_grpc
+from acespec.proto.codec import decode_scores, encode_extend, encode_serve_params
+from acespec.shared.served import NodeScore, ServeParams
+
+
+@dataclass(frozen=True)
+class Tail:
+    """More tail samples of one node (the answer to MoreTail)."""
+
+    node_id: int
+    ids: list[int]
+    units: list[int]
+
+
+def channel(target: str, tls_root_cert: bytes | None = None) -> grpc.aio.Channel:
+    if tls_root_cert is not None:
+        return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(tls_root_cert))
+    return grpc.aio.insecure_channel(target)
+
+
+def metadata(token: str | None, session_key: str | None = None) -> tuple:
+    md = [("x-acespec-session", session_key or uuid.uuid4().hex)]
+    if token:
+        md.append(("authorization", f"Bearer {token}"))
+    return tuple(md)
+
+
+class CloudSession:
+    """One Session stream. Call `open`, then `extend`/`commit`/`more_tail` and `recv`."""
+
+    def __init__(self, ch: grpc.aio.Channel, token: str | None = None,
+                 session_key: str | None = None):
+        self._stub = pb_grpc.VerifierStub(ch)
+        self._call = self._stub.Session(metadata=metadata(token, session_key))
+        self.next_id = 0
+        self.session_id = self.model_id = ""
+        self.max_live_nodes = 0
+
+    async def open(self, prompt: Sequence[int], params: ServeParams, seed: int,
+                   vocab_hash: str, max_live_nodes: int = 0) -> NodeScore:
+        """Send Open; returns the root's score (node 0)."""
+        await self._call.write(pb.Uplink(open=pb.Open(
+            protocol_version=PROTOCOL_VERSION, vocab_hash=vocab_hash,
+            prompt_tokens=list(map(int, prompt)), sampling=encode_serve_params(params),
+            seed=seed, limits=pb.Limits(max_live_nodes=max_live_nodes))))
+        msg = await self._read()
+        opened = msg.opened
+        self.session_id, self.model_id = opened.session_id, opened.model_id
+        self.max_live_nodes = opened.max_live_nodes
+        self.next_id = 1
+        return decode_scores(opened.root)[0]
+
+    async def extend(self, tokens: Sequence[int], parents: Sequence[int] | None = None) -> int:
+        """Append nodes (parents default to a chain off the newest node); returns the first
+        new node id. Their scores arrive later through `recv`."""
+        first = self.next_id
+        if parents is None:
+            parents = [first - 1 + i for i in range(len(tokens))]
+        await self._call.write(pb.Uplink(extend=encode_extend(first, tokens, parents)))
+        self.next_id += len(tokens)
+        return first
+
+    async def commit(self, node_id: int) -> None:
+        await self._call.write(pb.Uplink(commit=pb.Commit(node_id=node_id)))
+
+    async def more_tail(self, node_id: int, n: int) -> None:
+        await self._call.write(pb.Uplink(more_tail=pb.MoreTail(node_id=node_id, n=n)))
+
+    async def recv(self) -> list[NodeScore] | Tail:
+        """The next downlink message: node scores, or tail samples."""
+        msg = await self._read()
+        if msg.WhichOneof("msg") == "tail":
+            return Tail(msg.tail.node_id, list(msg.tail.tail_token), list(msg.tail.tail_token_p))
+        return decode_scores(msg.scores)
+
+    async def _read(self) -> pb.Downlink:
+        msg = await self._call.read()
+        if msg is grpc.aio.EOF:
+            raise ConnectionError("verifier closed the session stream")
+        return msg
+
+    async def close(self) -> None:
+        await self._call.done_writing()
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+async def generate(ch: grpc.aio.Channel, prompt: Sequence[int], params: ServeParams, seed: int,
+                   max_tokens: int, vocab_hash: str = "", token: str | None = None,
+                   stop: Sequence[int] = ()):
+    """Cloud-only decoding: yields token ids as they stream in."""
+    stub = pb_grpc.VerifierStub(ch)
+    req = pb.GenerateRequest(protocol_version=PROTOCOL_VERSION, vocab_hash=vocab_hash,
+                             prompt_tokens=list(map(int, prompt)),
+                             sampling=encode_serve_params(params), seed=seed,
+                             max_tokens=max_tokens, stop_tokens=list(stop))
+    async for chunk in stub.Generate(req, metadata=metadata(token)):
+        for t in chunk.tokens:
+            yield t

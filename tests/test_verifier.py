@@ -1,0 +1,183 @@
+"""The verifier over a real loopback socket with the real torch target (tiny pair)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from verifier_harness import channel, run, running_verifier  # noqa: E402
+
+from acespec.cloud.batcher import StepEmulation  # noqa: E402
+from acespec.cloud.engine import Limits  # noqa: E402
+from acespec.cloud.server import ServerConfig  # noqa: E402
+from acespec.edge.client import CloudSession, generate  # noqa: E402
+from acespec.shared.config import SamplingParams  # noqa: E402
+from acespec.shared.served import ServeParams, node_score, served  # noqa: E402
+from acespec.shared.tokenizer import Tokenizer  # noqa: E402
+
+GREEDY = ServeParams()
+SAMPLED = ServeParams(SamplingParams(temperature=0.8, top_k=20), send_mass=0.5)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_pair):
+    tok_dir, model, _ = tiny_pair
+    tok = Tokenizer.load(tok_dir)
+    return model, tok.vocab_hash(), tok.encode("import os\nimport sys\n\n")
+
+
+def plain_greedy(model, prompt, n):
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(model(seq, model.new_cache(), last_only=True)[0].argmax()))
+    return seq[len(prompt):]
+
+
+def test_greedy_generate_equals_plain_decoding(target):
+    model, vh, prompt = target
+
+    async def go():
+        async with running_verifier(model, vh) as (_, addr), channel(addr) as ch:
+            return [t async for t in generate(ch, prompt, GREEDY, 0, 20, vh)]
+
+    assert run(go()) == plain_greedy(model, prompt, 20)
+
+
+def test_sampled_generate_is_seeded(target):
+    model, vh, prompt = target
+
+    async def go():
+        async with running_verifier(model, vh) as (_, addr), channel(addr) as ch:
+            return [[t async for t in generate(ch, prompt, SAMPLED, s, 12, vh)] for s in (1, 1, 2)]
+
+    a, b, c = run(go())
+    assert a == b and a != c
+
+
+def _reference_scores(model, prompt, path, params, seed, first_id):
+    """Served distributions of a chain scored on its own (no tree, no server)."""
+    logits = model(list(prompt) + list(path), model.new_cache()).numpy()[len(prompt) - 1:]
+    dists = [served(row, params) for row in logits]
+    return dists
+
+
+def test_tree_scores_equal_path_scores(target):
+    model, vh, prompt = target
+    # Root 0; chain 1-2-3; branch 4 off node 1; branch 5 off root; node 6 under 4.
+    tokens = [10, 11, 12, 20, 30, 21]
+    parents = [0, 1, 2, 1, 0, 4]
+
+    async def go():
+        async with running_verifier(model, vh) as (_, addr), channel(addr) as ch:
+            s = CloudSession(ch)
+            root = await s.open(prompt, SAMPLED, 7, vh)
+            await s.extend(tokens, parents)
+            return root, await s.recv()
+
+    root, scores = run(go())
+    paths = {1: [10], 2: [10, 11], 3: [10, 11, 12], 4: [10, 20], 5: [30], 6: [10, 20, 21]}
+    for score in scores:
+        path = paths[score.node_id]
+        dists = _reference_scores(model, prompt, path, SAMPLED, 7, 0)
+        expect = node_score(dists[-1], SAMPLED, score.node_id, dists[-2].units_of(path[-1]), 7)
+        assert np.array_equal(score.ids, expect.ids) and np.array_equal(score.units, expect.units)
+        assert score.self_units == expect.self_units and score.tail_units == expect.tail_units
+        assert np.array_equal(score.tail_ids, expect.tail_ids)
+    ref_root = _reference_scores(model, prompt, [], SAMPLED, 7, 0)[0]
+    assert np.array_equal(root.units, node_score(ref_root, SAMPLED, 0, 0, 7).units)
+
+
+def test_commit_reroots_and_keeps_scoring_below(target):
+    model, vh, prompt = target
+
+    async def go():
+        async with running_verifier(model, vh) as (engine, addr), channel(addr) as ch:
+            s = CloudSession(ch)
+            await s.open(prompt, GREEDY, 0, vh)
+            await s.extend([10, 11, 12])
+            await s.recv()
+            await s.extend([40], [1])  # a sibling branch under node 1
+            await s.recv()
+            await s.commit(2)  # path 0-1-2 final; node 3 survives, node 4 is freed
+            await s.extend([13], [3])
+            out = await s.recv()
+            live = next(iter(engine.sessions.values())).live_nodes
+            return out, live
+
+    out, live = run(go())
+    ref = plain_greedy(model, list(prompt) + [10, 11, 12, 13], 1)[0]
+    assert out[0].node_id == 5 and out[0].greedy_token == ref
+    assert live == 2  # nodes 3 and 5 below the new root 2
+
+
+def test_batching_sessions_equals_scoring_apart(target):
+    model, vh, prompt = target
+    cfg = ServerConfig(emulation=StepEmulation(30))  # passes take long enough to queue up
+
+    async def one(addr, toks, seed):
+        async with channel(addr) as ch:
+            s = CloudSession(ch)
+            await s.open(prompt, SAMPLED, seed, vh)
+            await s.extend(toks)
+            return await s.recv()
+
+    async def go():
+        async with running_verifier(model, vh, cfg) as (engine, addr):
+            together = await asyncio.gather(*(one(addr, [5 + i, 6, 7], i) for i in range(4)))
+            passes, requests = engine.batcher.forward_passes, engine.batcher.requests_scored
+            apart = [await one(addr, [5 + i, 6, 7], i) for i in range(4)]
+            return together, apart, passes, requests
+
+    together, apart, passes, requests = run(go())
+    assert passes < requests  # some pass scored several sessions' requests at once
+    for a, b in zip(together, apart):
+        for x, y in zip(a, b):
+            assert np.array_equal(x.ids, y.ids) and np.array_equal(x.units, y.units)
+            assert np.array_equal(x.tail_ids, y.tail_ids)
+
+
+def test_more_tail_continues_the_stream(target):
+    model, vh, prompt = target
+    params = ServeParams(SamplingParams(temperature=1.5), send_mass=0.05, tail_samples=2)
+
+    async def go():
+        async with running_verifier(model, vh) as (_, addr), channel(addr) as ch:
+            s = CloudSession(ch)
+            root = await s.open(prompt, params, 3, vh)
+            await s.more_tail(0, 3)
+            return root, await s.recv()
+
+    root, tail = run(go())
+    from acespec.shared.served import n_sent, tail_draws
+
+    dist = served(model(prompt, model.new_cache(), last_only=True)[0].numpy(), params)
+    ids, _ = tail_draws(dist, n_sent(dist, params.send_mass), 3, 0, 0, 5)
+    assert root.tail_ids.tolist() == ids[:2].tolist() and tail.ids == ids[2:].tolist()
+
+
+def test_health_and_metrics(target):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    model, vh, prompt = target
+
+    async def go():
+        async with running_verifier(model, vh) as (engine, addr), channel(addr) as ch:
+            h = await health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service="acespec.v1.Verifier"))
+            [t async for t in generate(ch, prompt, GREEDY, 0, 3, vh)]
+            server, port = engine.metrics.serve(0, "127.0.0.1")
+            import urllib.request
+
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+            server.shutdown()
+            return h.status, text.decode()
+
+    status, text = run(go())
+    assert status == health_pb2.HealthCheckResponse.SERVING
+    assert "acespec_forward_passes_total 3.0" in text
+    assert 'acespec_message_bytes_total{direction="down"}' in text
