@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from acespec.cloud.batcher import Batcher, StepEmulation
 from acespec.cloud.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from acespec.cloud.model import Request, Transformer

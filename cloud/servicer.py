@@ -7,7 +7,6 @@ import asyncio
 import logging
 
 import grpc
-
 from acespec.cloud.engine import Engine
 from acespec.cloud.errors import FailedPrecondition, InvalidArgument, SessionError, Unauthenticated
 from acespec.proto import acespec_pb2 as pb

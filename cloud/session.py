@@ -13,10 +13,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
 from acespec.cloud.errors import InvalidArgument, NotFound, ResourceExhausted
 from acespec.cloud.model import Request, Transformer
-from acespec.shared.served import NodeScore, ServedDist, ServeParams, n_sent, node_score, served, tail_draws
+from acespec.shared.served import (
+    NodeScore,
+    ServedDist,
+    ServeParams,
+    n_sent,
+    node_score,
+    served,
+    tail_draws,
+)
 
 
 @dataclass

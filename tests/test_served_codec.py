@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from acespec.proto import acespec_pb2 as pb
 from acespec.proto.codec import (
     WireError,
@@ -18,7 +15,17 @@ from acespec.proto.codec import (
     encode_serve_params,
 )
 from acespec.shared.config import SamplingParams
-from acespec.shared.served import UNITS, ServeParams, n_sent, node_score, quantize, served, tail_draws
+from acespec.shared.served import (
+    UNITS,
+    ServeParams,
+    n_sent,
+    node_score,
+    quantize,
+    served,
+    tail_draws,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 logits_st = st.lists(st.floats(-30, 30), min_size=1, max_size=300).map(np.array)
 params_st = st.builds(

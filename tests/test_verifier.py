@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from verifier_harness import channel, run, running_verifier  # noqa: E402
-
 from acespec.cloud.batcher import StepEmulation  # noqa: E402
-from acespec.cloud.engine import Limits  # noqa: E402
 from acespec.cloud.server import ServerConfig  # noqa: E402
 from acespec.edge.client import CloudSession, generate  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import ServeParams, node_score, served  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
+from verifier_harness import channel, run, running_verifier  # noqa: E402
 
 GREEDY = ServeParams()
 SAMPLED = ServeParams(SamplingParams(temperature=0.8, top_k=20), send_mass=0.5)
@@ -53,7 +50,10 @@ def test_sampled_generate_is_seeded(target):
 
     async def go():
         async with running_verifier(model, vh) as (_, addr), channel(addr) as ch:
-            return [[t async for t in generate(ch, prompt, SAMPLED, s, 12, vh)] for s in (1, 1, 2)]
+            runs = []
+            for seed in (1, 1, 2):
+                runs.append([t async for t in generate(ch, prompt, SAMPLED, seed, 12, vh)])
+            return runs
 
     a, b, c = run(go())
     assert a == b and a != c
