@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
+
 from acespec.cloud.model import Request, Transformer
 
 log = logging.getLogger(__name__)

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from acespec.cloud.batcher import Batcher, StepEmulation
 from acespec.cloud.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from acespec.cloud.model import Request, Transformer

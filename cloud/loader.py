@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import torch
+
 from acespec.cloud.config import ModelArgs
 from acespec.cloud.model import Transformer
 

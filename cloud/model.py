@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from acespec.cloud.config import ModelArgs
 from acespec.cloud.kv_cache import KVCache, Plan
-from torch import nn
 
 
 @dataclass

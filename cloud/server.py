@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+
 from acespec.cloud.batcher import StepEmulation
 from acespec.cloud.engine import Engine, Limits
 from acespec.cloud.servicer import VerifierServicer

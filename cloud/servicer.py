@@ -7,6 +7,8 @@ import asyncio
 import logging
 
 import grpc
+from google.protobuf.message import DecodeError
+
 from acespec.cloud.engine import Engine
 from acespec.cloud.errors import FailedPrecondition, InvalidArgument, SessionError, Unauthenticated
 from acespec.proto import acespec_pb2 as pb
@@ -61,6 +63,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             msg = await asyncio.wait_for(context.read(), self.idle_timeout_s)
         except asyncio.TimeoutError:
             raise FailedPrecondition(f"session idle for {self.idle_timeout_s:g} s") from None
+        except DecodeError as e:
+            raise InvalidArgument(f"malformed Uplink message: {e}") from None
         if msg is not grpc.aio.EOF:
             self._count("up", msg)
         return msg

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from acespec.cloud.errors import InvalidArgument, NotFound, ResourceExhausted
 from acespec.cloud.model import Request, Transformer
 from acespec.shared.served import (

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
 from acespec.shared.config import SamplingParams
 from acespec.shared.sampling import sample
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from acespec.edge.drafter import Draft, draw
 from acespec.shared.config import SamplingParams
 from acespec.shared.sampling import transform

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
 from acespec.edge.drafter import Draft
 from acespec.shared.config import SamplingParams
 

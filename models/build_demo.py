@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+
 from acespec.cloud.config import ModelArgs
 from acespec.models.corpus import Corpus, load_corpus
 from acespec.models.train import TrainConfig
@@ -89,8 +90,9 @@ def _train_worker(which: str, args: ModelArgs, cfg: TrainConfig, stream_path: st
 def build_demo(out: Path, work: Path, preset_name: str = "demo", seed: int = 0) -> dict:
     """Run every stage; returns the card's figures (also written to out/build.json)."""
     import torch
-    from acespec.models.tokenizer_train import save_tokenizer, train_bpe
     from tokenizers import Tokenizer as HFTok
+
+    from acespec.models.tokenizer_train import save_tokenizer, train_bpe
 
     preset = PRESETS[preset_name]
     preset = replace(preset, target_train=replace(preset.target_train, seed=seed),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
 from acespec.models.tokenizer_train import bpe_merges
 from acespec.shared.tokenizer import Tokenizer
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from acespec.cloud.config import ModelArgs
 from acespec.cloud.model import Transformer
 

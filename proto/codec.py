@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from acespec.proto import acespec_pb2 as pb
 from acespec.shared.config import ConfigError, SamplingParams
 from acespec.shared.served import MAX_TAIL_SAMPLES, NodeScore, ServeParams

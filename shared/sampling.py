@@ -7,6 +7,7 @@ cloud then quantises p~ to uint16 units); numpy only, so the edge needs no torch
 from __future__ import annotations
 
 import numpy as np
+
 from acespec.shared.config import SamplingParams
 
 

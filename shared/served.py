@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from acespec.shared.config import ConfigError, SamplingParams
 
 UNITS = 1 << 16  # probability 1 in units of 2^-16

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from acespec.shared.config import SamplingParams
 from acespec.shared.rejection import verify_greedy, verify_sampled
 from acespec.shared.sampling import transform

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from acespec.shared.rejection import verify_greedy, verify_sampled
 from acespec.shared.sampling import sample
 

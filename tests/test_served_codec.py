@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from acespec.proto import acespec_pb2 as pb
 from acespec.proto.codec import (
     WireError,
@@ -24,8 +27,6 @@ from acespec.shared.served import (
     served,
     tail_draws,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 logits_st = st.lists(st.floats(-30, 30), min_size=1, max_size=300).map(np.array)
 params_st = st.builds(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
 from acespec.edge.ngram_drafter import NgramDrafter
 from acespec.shared.config import ConfigError, SamplingParams
 from acespec.shared.sampling import sample, transform
 from acespec.shared.tokenizer import vocab_hash
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
 
 logit_rows = st.lists(st.floats(-20, 20), min_size=2, max_size=40)
 

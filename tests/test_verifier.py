@@ -15,6 +15,7 @@ from acespec.edge.client import CloudSession, generate  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import ServeParams, node_score, served  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
+
 from verifier_harness import channel, run, running_verifier  # noqa: E402
 
 GREEDY = ServeParams()

@@ -11,14 +11,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from verifier_harness import channel, run, running_verifier  # noqa: E402
-
 from acespec.cloud.engine import Limits  # noqa: E402
 from acespec.cloud.server import ServerConfig  # noqa: E402
 from acespec.edge.client import CloudSession, generate  # noqa: E402
 from acespec.proto import acespec_pb2 as pb  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
+
+from verifier_harness import channel, run, running_verifier  # noqa: E402
 
 GREEDY = ServeParams()
 CFG = ServerConfig(limits=Limits(max_sessions=6, max_live_nodes=8, max_prompt_tokens=64))

@@ -1,0 +1,174 @@
+"""Fuzzing the verifier: >= 10,000 random, mutated and mis-ordered uplink messages.
+
+A seeded generator builds streams of four kinds: valid sessions (must end OK), sessions
+with one deliberately bad message injected (must end with that message's status code),
+mis-ordered valid messages (Extend/Commit/MoreTail before Open: FAILED_PRECONDITION), and
+random or mutated bytes (any outcome but a crash). Throughout, a healthy session runs
+alongside and must produce the right tokens; afterwards no session may be left open and the
+servicer must not have hit an internal error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from acespec.cloud.engine import Limits  # noqa: E402
+from acespec.cloud.server import ServerConfig  # noqa: E402
+from acespec.proto import acespec_pb2 as pb  # noqa: E402
+from acespec.shared.tokenizer import Tokenizer  # noqa: E402
+
+from test_verifier_errors import healthy  # noqa: E402
+from verifier_harness import run, running_verifier  # noqa: E402
+
+N_MESSAGES = 10_000
+ALLOWED = {"OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "NOT_FOUND"}
+CFG = ServerConfig(limits=Limits(max_sessions=64, max_live_nodes=16, max_prompt_tokens=48))
+
+
+class Fuzzer:
+    def __init__(self, vocab: int, vh: str, seed: int = 0):
+        self.rng, self.vocab, self.vh = np.random.default_rng(seed), vocab, vh
+
+    def open(self, **kw) -> pb.Uplink:
+        n = int(self.rng.integers(1, 12))
+        return pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash=self.vh,
+                                      prompt_tokens=self.rng.integers(0, self.vocab, n).tolist(),
+                                      seed=int(self.rng.integers(0, 2**63)), **kw))
+
+    def valid_session(self) -> list[pb.Uplink]:
+        msgs, next_id = [self.open()], 1
+        for _ in range(int(self.rng.integers(1, 5))):
+            n = int(self.rng.integers(1, 4))
+            msgs.append(pb.Uplink(extend=pb.Extend(tokens=self.rng.integers(0, self.vocab, n).tolist())))
+            next_id += n
+            msgs.append(pb.Uplink(commit=pb.Commit(node_id=next_id - 1 - int(self.rng.integers(0, n)))))
+        return msgs
+
+    def bad_message(self, next_id: int) -> tuple[pb.Uplink, str]:
+        r, v = self.rng, self.vocab
+        options = [
+            (pb.Uplink(extend=pb.Extend(tokens=[int(r.integers(v, 2**32))])), "INVALID_ARGUMENT"),
+            (pb.Uplink(extend=pb.Extend(tokens=[1, 2], branch_index=[1], branch_parent=[next_id + 5])), "INVALID_ARGUMENT"),
+            (pb.Uplink(extend=pb.Extend(tokens=[1], branch_index=[0, 0], branch_parent=[0])), "INVALID_ARGUMENT"),
+            (pb.Uplink(extend=pb.Extend(tokens=[])), "INVALID_ARGUMENT"),
+            (pb.Uplink(extend=pb.Extend(tokens=list(range(20)))), "RESOURCE_EXHAUSTED"),
+            (pb.Uplink(commit=pb.Commit(node_id=next_id + int(r.integers(0, 1000)))), "NOT_FOUND"),
+            (pb.Uplink(more_tail=pb.MoreTail(node_id=0, n=int(r.integers(65, 1000)))), "INVALID_ARGUMENT"),
+            (pb.Uplink(), "INVALID_ARGUMENT"),
+            (self.open(), "FAILED_PRECONDITION"),
+        ]
+        return options[int(r.integers(len(options)))]
+
+    def bad_open(self) -> tuple[pb.Uplink, str]:
+        r = self.rng
+        options = [
+            (self.open(sampling=pb.Sampling(temperature=float(-r.random() - 0.1))), "INVALID_ARGUMENT"),
+            (self.open(sampling=pb.Sampling(temperature=1.0, top_p=float(1.1 + r.random()))), "INVALID_ARGUMENT"),
+            (pb.Uplink(open=pb.Open(protocol_version=int(r.integers(2, 99)), vocab_hash=self.vh, prompt_tokens=[1])), "FAILED_PRECONDITION"),
+            (pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash="v1:0000", prompt_tokens=[1])), "FAILED_PRECONDITION"),
+            (pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash=self.vh, prompt_tokens=[])), "INVALID_ARGUMENT"),
+            (pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash=self.vh, prompt_tokens=[1] * 100)), "RESOURCE_EXHAUSTED"),
+        ]
+        return options[int(r.integers(len(options)))]
+
+    def stream(self) -> tuple[list[bytes], str | None]:
+        """(serialized messages, expected final code; None = any allowed outcome)."""
+        kind = self.rng.integers(5)
+        if kind == 0:
+            return [m.SerializeToString() for m in self.valid_session()], "OK"
+        if kind == 1:
+            msgs = self.valid_session()
+            cut = int(self.rng.integers(1, len(msgs) + 1))
+            next_id = 1 + sum(len(m.extend.tokens) for m in msgs[:cut])
+            bad, code = self.bad_message(next_id)
+            return [m.SerializeToString() for m in msgs[:cut] + [bad]], code
+        if kind == 2:
+            bad, code = self.bad_open()
+            return [bad.SerializeToString()], code
+        if kind == 3:  # valid messages, wrong order: no Open first
+            msgs = self.valid_session()[1:]
+            return [m.SerializeToString() for m in msgs], "FAILED_PRECONDITION"
+        return self.garbage(), None
+
+    def garbage(self) -> list[bytes]:
+        out = []
+        for m in self.valid_session():
+            raw = bytearray(m.SerializeToString())
+            op = self.rng.integers(4)
+            if op == 0 and raw:
+                raw[int(self.rng.integers(len(raw)))] ^= 1 << int(self.rng.integers(8))
+            elif op == 1:
+                raw = raw[: int(self.rng.integers(len(raw) + 1))]
+            elif op == 2:
+                raw += self.rng.bytes(int(self.rng.integers(1, 20)))
+            else:
+                raw = bytearray(self.rng.bytes(int(self.rng.integers(1, 40))))
+            out.append(bytes(raw))
+        return out
+
+
+def throw(ch: grpc.Channel, msgs: list[bytes]) -> tuple[str, str]:
+    """Send raw messages on one stream with the *sync* client; returns (code, details).
+    (The asyncio client can replace the server's status with 'INTERNAL: Internal error from
+    Core' when a write races with the server ending the stream: grpc/grpc#36066.)"""
+    call = ch.stream_stream("/acespec.v1.Verifier/Session", request_serializer=bytes,
+                            response_deserializer=pb.Downlink.FromString)(iter(msgs))
+    try:
+        for _ in call:
+            pass
+    except grpc.RpcError:
+        pass
+    return call.code().name, call.details() or ""
+
+
+def test_fuzz_uplink(tiny_pair, caplog):
+    tok_dir, model, _ = tiny_pair
+    tok = Tokenizer.load(tok_dir)
+    vh, prompt = tok.vocab_hash(), tok.encode("def main():\n")
+    seq = list(prompt)
+    for _ in range(6):
+        seq.append(int(model(seq, model.new_cache(), last_only=True)[0].argmax()))
+    expected = seq[len(prompt):]
+    fuzz = Fuzzer(model.args.vocab_size, vh, seed=2024)
+    caplog.set_level(logging.ERROR, logger="acespec.cloud.servicer")
+
+    async def go():
+        async with running_verifier(model, vh, CFG) as (engine, addr):
+            total, outcomes, mismatches = 0, {}, []
+
+            async def worker():
+                nonlocal total
+                ch = grpc.insecure_channel(addr)
+                while total < N_MESSAGES:
+                    msgs, want = fuzz.stream()
+                    total += len(msgs)
+                    code, details = await asyncio.to_thread(throw, ch, msgs)
+                    outcomes[code] = outcomes.get(code, 0) + 1
+                    if (want is not None and code != want) or (want is None and code not in ALLOWED):
+                        mismatches.append((want, code, details))
+                ch.close()
+
+            async def keep_healthy():
+                runs = 0
+                while total < N_MESSAGES:
+                    assert await healthy(addr, vh, prompt, expected) == expected
+                    runs += 1
+                return runs
+
+            results = await asyncio.gather(keep_healthy(), *(worker() for _ in range(6)))
+            await asyncio.sleep(0.1)
+            return total, outcomes, mismatches, results[0], len(engine.sessions)
+
+    total, outcomes, mismatches, healthy_runs, leaked = run(go())
+    print(f"fuzz: {total} messages, outcomes {outcomes}, healthy runs {healthy_runs}")
+    assert total >= N_MESSAGES
+    assert not mismatches, mismatches[:5]
+    assert healthy_runs >= 1 and leaked == 0
+    assert not [r for r in caplog.records if "internal error" in r.getMessage()]
