@@ -32,6 +32,27 @@ def add_parser(sub) -> None:
                    "to emulate a big model's step time on a small target")
     s.add_argument("--grace", type=float, default=10.0, help="shutdown drain seconds")
     s.set_defaults(func=run_serve)
+    lt = csub.add_parser(
+        "loadtest", help="measure a verifier on loopback: nodes/s, latency, wire bytes",
+        description="Start a verifier on loopback and run concurrent greedy and sampled "
+        "sessions through a byte-counting proxy. Checks every greedy session against "
+        "cloud-only Generate. Prints a markdown table (or JSON with --json).")
+    lt.add_argument("--model", default="", help="HF checkpoint folder (default: the demo target)")
+    lt.add_argument("--rounds", type=int, default=20, help="Extend+Commit rounds per session")
+    lt.add_argument("--depth", type=int, default=4, help="nodes per Extend")
+    lt.add_argument("--sessions", default="greedy:1,greedy:8,greedy:64,sampled:1,sampled:8",
+                    help="scenarios MODE:N, comma-separated (default: %(default)s)")
+    lt.add_argument("--emulate-step-ms", metavar="T0[,PER_NODE]", help="as for `serve`")
+    lt.add_argument("--json", action="store_true")
+    lt.set_defaults(func=run_loadtest)
+    ng = csub.add_parser("nginx-config", help="print an nginx config balancing verifier replicas",
+                         description="nginx (grpc_pass) in front of verifier replicas, with a "
+                         "consistent hash on the x-acespec-session metadata so sessions stick.")
+    ng.add_argument("replicas", nargs="+", metavar="HOST:PORT")
+    ng.add_argument("--listen", default="0.0.0.0:50051")
+    ng.add_argument("--prefix", default="/var/lib/acespec-nginx", help="pid/log/temp folder")
+    ng.set_defaults(func=lambda a: print(__import__("acespec.cloud.nginx", fromlist=["x"])
+                                         .nginx_config(a.replicas, a.listen, a.prefix)) or 0)
 
 
 def _tokens(path: str | None) -> frozenset[str]:
@@ -64,3 +85,24 @@ def run_serve(args) -> int:
         print(f"acespec cloud serve: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def run_loadtest(args) -> int:
+    import asyncio
+    import json
+
+    from acespec.sim.loadtest import markdown, run_scenarios
+
+    try:
+        scenarios = [(m, int(n)) for m, n in (x.split(":") for x in args.sessions.split(","))]
+        if any(m not in ("greedy", "sampled") or n < 1 for m, n in scenarios):
+            raise ValueError
+    except ValueError:
+        print(f"acespec cloud loadtest: error: --sessions wants MODE:N,... with MODE greedy or "
+              f"sampled, got {args.sessions!r}", file=sys.stderr)
+        return 2
+    rows = asyncio.run(run_scenarios(args.model, args.rounds, args.depth, scenarios,
+                                     args.emulate_step_ms))
+    print(json.dumps(rows, indent=2) if args.json else markdown(rows))
+    bad = [r for r in rows if r["correct"] not in ("n/a", f"{r['sessions']}/{r['sessions']}")]
+    return 1 if bad else 0

@@ -93,7 +93,9 @@ class CloudSession:
         return msg
 
     async def close(self) -> None:
+        """Half-close and wait for the verifier to end the stream (frees its KV)."""
         await self._call.done_writing()
+        await self._call.code()
 
     def cancel(self) -> None:
         self._call.cancel()

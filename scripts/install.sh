@@ -30,6 +30,16 @@ if ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
   say "installing $LLAMA (compiles llama.cpp on first install: ~5-20 min; pip caches the wheel)"
   "${PIP[@]}" install -q "$LLAMA"
 fi
+# nginx: the load-balancer tests run real nginx (grpc_pass). Installed when we can.
+if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing nginx-light (Debian package) for the load-balancer tests"
+    apt-get install -y -q nginx-light >/dev/null 2>&1 || \
+      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q nginx-light >/dev/null; }
+  else
+    say "nginx not found and cannot install it here: the load-balancer test will be skipped"
+  fi
+fi
 say "installing acespec[all] (editable)"
 "${PIP[@]}" install -q -e '.[all]'
 say "ready: $VENV/bin/acespec"

@@ -4,6 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 VENV=${ACESPEC_VENV:-.venv}
+echo "[test] generated protobuf code up to date" >&2
+PYTHON="$VENV/bin/python" bash scripts/gen_proto.sh --check
 echo "[test] ruff" >&2
 "$VENV/bin/ruff" check .
 echo "[test] pytest" >&2
