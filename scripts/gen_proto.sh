@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-${ACESPEC_VENV:-.venv}/bin/python}
+# Absolute, but without resolving the venv's symlink (that would leave the venv).
+case "$PY" in */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;; esac
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 # Generate as package acespec.proto so imports inside the stubs resolve when installed.
