@@ -30,3 +30,7 @@ class Unauthenticated(SessionError):
 
 class Unavailable(SessionError):
     code = "UNAVAILABLE"
+
+
+class DeadlineExceeded(SessionError):
+    code = "DEADLINE_EXCEEDED"

@@ -10,7 +10,13 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from acespec.cloud.engine import Engine
-from acespec.cloud.errors import FailedPrecondition, InvalidArgument, SessionError, Unauthenticated
+from acespec.cloud.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    SessionError,
+    Unauthenticated,
+)
 from acespec.proto import acespec_pb2 as pb
 from acespec.proto import acespec_pb2_grpc as pb_grpc
 from acespec.proto.codec import (
@@ -62,7 +68,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         try:
             msg = await asyncio.wait_for(context.read(), self.idle_timeout_s)
         except asyncio.TimeoutError:
-            raise FailedPrecondition(f"session idle for {self.idle_timeout_s:g} s") from None
+            raise DeadlineExceeded(f"session idle for more than {self.idle_timeout_s:g} s "
+                                   "(--idle-timeout); its KV was freed") from None
         except DecodeError as e:
             raise InvalidArgument(f"malformed Uplink message: {e}") from None
         if msg is not grpc.aio.EOF:

@@ -203,3 +203,50 @@ def test_tls_with_self_signed_cert(target, tmp_path):
 
     ok, refused = run(go())
     assert ok == expected[:3] and refused == "UNAVAILABLE"
+
+
+def test_idle_session_is_ended_and_freed(target):
+    model, vh, prompt, _ = target
+    cfg = ServerConfig(idle_timeout_s=0.3)
+
+    async def go():
+        async with running_verifier(model, vh, cfg) as (engine, addr), channel(addr) as ch:
+            s = CloudSession(ch)
+            await s.open(prompt, GREEDY, 0, vh)
+            await asyncio.sleep(0.6)
+            try:
+                await s.recv()
+                err = None
+            except grpc.aio.AioRpcError as e:
+                err = (e.code().name, e.details())
+            return err, len(engine.sessions)
+
+    err, left = run(go())
+    assert err[0] == "DEADLINE_EXCEEDED" and "idle" in err[1] and left == 0
+
+
+def test_graceful_stop_drains_open_sessions_and_refuses_new(target):
+    from acespec.cloud.engine import Engine
+    from acespec.cloud.server import create_server
+
+    model, vh, prompt, expected = target
+
+    async def go():
+        engine = Engine(model, vh, "drain-test")
+        server, port = await create_server(engine, ServerConfig(host="127.0.0.1", port=0))
+        addr = f"127.0.0.1:{port}"
+        async with channel(addr) as ch:
+            s = CloudSession(ch)
+            root = await s.open(prompt, GREEDY, 0, vh)
+            stopping = asyncio.create_task(server.stop(5))  # drain with 5 s of grace
+            await asyncio.sleep(0.1)
+            await s.extend([root.greedy_token])
+            scores = await s.recv()  # the open session is still served
+            refused = await expect_error(addr, [open_msg(prompt, vh)])
+            await s.close()
+            await stopping
+        await engine.close_all()
+        return [root.greedy_token, scores[0].greedy_token], refused
+
+    toks, (code, _) = run(go())
+    assert toks == expected[:2] and code.name == "UNAVAILABLE"
