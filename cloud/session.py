@@ -127,7 +127,7 @@ class TreeSession:
         if node is None or node.dist is None:
             raise NotFound(f"MoreTail: node {node_id} is not a live scored node")
         sent = n_sent(node.dist, self.params.send_mass)
-        ids, units = tail_draws(node.dist, sent, self.seed, node_id, node.tails_issued, n)
+        ids, units = tail_draws(node.dist, sent, self.seed, self._decides(node), node.tails_issued, n)
         node.tails_issued += n
         return ids, units
 
@@ -137,7 +137,12 @@ class TreeSession:
         node = self.nodes[node_id]
         node.dist = served(logits, self.params)
         node.tails_issued = self.params.tail_samples
-        return node_score(node.dist, self.params, node_id, self_units, self.seed)
+        return node_score(node.dist, self.params, node_id, self_units, self.seed,
+                          self._decides(node))
+
+    def _decides(self, node: Node) -> int:
+        """Position of the token this node's p~ decides (its own position + 1)."""
+        return self.cache.depth[node.slot] + 1
 
     def _check_tokens(self, tokens, field: str) -> None:
         if len(tokens) == 0:

@@ -38,6 +38,9 @@ def metadata(token: str | None, session_key: str | None = None) -> tuple:
     return tuple(md)
 
 
+FRAMING = 14  # per message: 5 B gRPC length prefix + 9 B HTTP/2 DATA frame header
+
+
 class CloudSession:
     """One Session stream. Call `open`, then `extend`/`commit`/`more_tail` and `recv`."""
 
@@ -48,11 +51,16 @@ class CloudSession:
         self.next_id = 0
         self.session_id = self.model_id = ""
         self.max_live_nodes = 0
+        self.bytes_up = self.bytes_down = 0  # message bytes + 14 B framing each (estimate)
+
+    async def _write(self, msg: pb.Uplink) -> None:
+        self.bytes_up += msg.ByteSize() + FRAMING
+        await self._call.write(msg)
 
     async def open(self, prompt: Sequence[int], params: ServeParams, seed: int,
                    vocab_hash: str, max_live_nodes: int = 0) -> NodeScore:
         """Send Open; returns the root's score (node 0)."""
-        await self._call.write(pb.Uplink(open=pb.Open(
+        await self._write(pb.Uplink(open=pb.Open(
             protocol_version=PROTOCOL_VERSION, vocab_hash=vocab_hash,
             prompt_tokens=list(map(int, prompt)), sampling=encode_serve_params(params),
             seed=seed, limits=pb.Limits(max_live_nodes=max_live_nodes))))
@@ -69,15 +77,15 @@ class CloudSession:
         first = self.next_id
         if parents is None:
             parents = [first - 1 + i for i in range(len(tokens))]
-        await self._call.write(pb.Uplink(extend=encode_extend(first, tokens, parents)))
+        await self._write(pb.Uplink(extend=encode_extend(first, tokens, parents)))
         self.next_id += len(tokens)
         return first
 
     async def commit(self, node_id: int) -> None:
-        await self._call.write(pb.Uplink(commit=pb.Commit(node_id=node_id)))
+        await self._write(pb.Uplink(commit=pb.Commit(node_id=node_id)))
 
     async def more_tail(self, node_id: int, n: int) -> None:
-        await self._call.write(pb.Uplink(more_tail=pb.MoreTail(node_id=node_id, n=n)))
+        await self._write(pb.Uplink(more_tail=pb.MoreTail(node_id=node_id, n=n)))
 
     async def recv(self) -> list[NodeScore] | Tail:
         """The next downlink message: node scores, or tail samples."""
@@ -90,6 +98,7 @@ class CloudSession:
         msg = await self._call.read()
         if msg is grpc.aio.EOF:
             raise ConnectionError("verifier closed the session stream")
+        self.bytes_down += msg.ByteSize() + FRAMING
         return msg
 
     async def close(self) -> None:
@@ -103,13 +112,18 @@ class CloudSession:
 
 async def generate(ch: grpc.aio.Channel, prompt: Sequence[int], params: ServeParams, seed: int,
                    max_tokens: int, vocab_hash: str = "", token: str | None = None,
-                   stop: Sequence[int] = ()):
-    """Cloud-only decoding: yields token ids as they stream in."""
+                   stop: Sequence[int] = (), sizes: list[int] | None = None):
+    """Cloud-only decoding: yields token ids as they stream in. `sizes`, if given, collects
+    the serialized size of the request (first) and of each chunk."""
     stub = pb_grpc.VerifierStub(ch)
     req = pb.GenerateRequest(protocol_version=PROTOCOL_VERSION, vocab_hash=vocab_hash,
                              prompt_tokens=list(map(int, prompt)),
                              sampling=encode_serve_params(params), seed=seed,
                              max_tokens=max_tokens, stop_tokens=list(stop))
+    if sizes is not None:
+        sizes.append(req.ByteSize())
     async for chunk in stub.Generate(req, metadata=metadata(token)):
+        if sizes is not None:
+            sizes.append(chunk.ByteSize())
         for t in chunk.tokens:
             yield t

@@ -107,19 +107,20 @@ def served(logits: np.ndarray, params: ServeParams) -> ServedDist:
     return ServedDist(ids=top[order], units=units[order])
 
 
-def tail_rng(seed: int, node_id: int) -> np.random.Generator:
-    """The RNG of a node's tail samples: a function of (session seed, node id) only."""
-    return np.random.default_rng([seed & (2**64 - 1), node_id])
+def tail_rng(seed: int, position: int) -> np.random.Generator:
+    """The RNG of a node's tail samples: a function of (session seed, position of the token
+    being decided) only, so a re-opened session (new node ids) draws the same samples."""
+    return np.random.default_rng([seed & (2**64 - 1), position, 2])
 
 
-def tail_draws(dist: ServedDist, n_sent: int, seed: int, node_id: int, start: int,
+def tail_draws(dist: ServedDist, n_sent: int, seed: int, position: int, start: int,
                count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Tail samples number [start, start+count) of a node: (ids [count], units [count]).
-    Deterministic, so `MoreTail` continues the same stream the first Scores began."""
+    """Tail samples number [start, start+count) of a node deciding `position`: (ids [count],
+    units [count]). Deterministic, so `MoreTail` continues the stream Scores began."""
     tail_ids, tail_units = dist.ids[n_sent:], dist.units[n_sent:]
     if len(tail_ids) == 0 or count == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    rng = tail_rng(seed, node_id)
+    rng = tail_rng(seed, position)
     picks = rng.choice(len(tail_ids), size=start + count, p=tail_units / tail_units.sum())
     picks = picks[start:]
     return tail_ids[picks], tail_units[picks]
@@ -132,14 +133,16 @@ def n_sent(dist: ServedDist, send_mass: float) -> int:
 
 
 def node_score(dist: ServedDist, params: ServeParams, node_id: int, self_units: int,
-               seed: int) -> NodeScore:
-    """The wire form of p~ for one node."""
+               seed: int, position: int | None = None) -> NodeScore:
+    """The wire form of p~ for one node; `position` (of the token p~ decides) keys the tail
+    samples (default: node_id, for callers without positions)."""
     if params.sampling.greedy:
         empty = np.zeros(0, np.int64)
         return NodeScore(node_id, self_units, dist.ids[:1], dist.units[:1], 0, empty, empty)
     s = n_sent(dist, params.send_mass)
     order = np.argsort(dist.ids[:s])
-    z_ids, z_units = tail_draws(dist, s, seed, node_id, 0, params.tail_samples)
+    z_ids, z_units = tail_draws(dist, s, seed, node_id if position is None else position, 0,
+                               params.tail_samples)
     return NodeScore(node_id=node_id, self_units=self_units, ids=dist.ids[:s][order],
                      units=dist.units[:s][order], tail_units=int(dist.units[s:].sum()),
                      tail_ids=z_ids, tail_sample_units=z_units)

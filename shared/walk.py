@@ -57,10 +57,17 @@ class Walk:
     branch_hits: int = 0  # recovered/bonus tokens that matched a pre-built branch
 
 
-def walk(root: TreeNode, greedy: bool, rng_at: Callable[[int], np.random.Generator]) -> Walk:
-    """Decide tokens below `root` as far as the scores allow. Raises NeedTail."""
+def walk(root: TreeNode, greedy: bool, rng_at: Callable[[int], np.random.Generator],
+         bonus_at_leaves: bool = True) -> Walk:
+    """Decide tokens below `root` as far as the scores allow. Raises NeedTail.
+
+    bonus_at_leaves=False waits at a scored node with no drafted child instead of drawing
+    a bonus token (a pipeline about to draft there), so that what is decided at each
+    position never depends on timing: sampled output is then a function of the seed."""
     n, out = root, Walk([], root, waiting=root.score is None)
     while n.score is not None:
+        if not (greedy or bonus_at_leaves or n.drafted is not None):
+            break
         try:
             t = _decide(n, greedy, rng_at(n.position + 1), out)
         except _NotYet:  # the draft's own score (its self_p) has not arrived

@@ -92,10 +92,10 @@ def test_top_p_and_top_k_cut_is_not_tail():
 
 def test_tail_draws_follow_tail_distribution_and_continue_stream():
     d = served(np.log([0.6, 0.2, 0.1, 0.06, 0.04]), ServeParams(SamplingParams(temperature=1.0)))
-    ids, units = tail_draws(d, 1, seed=9, node_id=3, start=0, count=20000)
+    ids, units = tail_draws(d, 1, seed=9, position=3, start=0, count=20000)
     freq = np.bincount(ids, minlength=5)[1:] / 20000
     assert np.abs(freq - np.array([0.2, 0.1, 0.06, 0.04]) / 0.4).max() < 0.015
-    more, _ = tail_draws(d, 1, seed=9, node_id=3, start=5, count=3)
+    more, _ = tail_draws(d, 1, seed=9, position=3, start=5, count=3)
     assert more.tolist() == ids[5:8].tolist()  # MoreTail continues the same stream
 
 

@@ -85,12 +85,13 @@ def test_tree_scores_equal_path_scores(target):
     for score in scores:
         path = paths[score.node_id]
         dists = _reference_scores(model, prompt, path, SAMPLED, 7, 0)
-        expect = node_score(dists[-1], SAMPLED, score.node_id, dists[-2].units_of(path[-1]), 7)
+        expect = node_score(dists[-1], SAMPLED, score.node_id, dists[-2].units_of(path[-1]), 7,
+                            position=len(prompt) + len(path))
         assert np.array_equal(score.ids, expect.ids) and np.array_equal(score.units, expect.units)
         assert score.self_units == expect.self_units and score.tail_units == expect.tail_units
         assert np.array_equal(score.tail_ids, expect.tail_ids)
     ref_root = _reference_scores(model, prompt, [], SAMPLED, 7, 0)[0]
-    assert np.array_equal(root.units, node_score(ref_root, SAMPLED, 0, 0, 7).units)
+    assert np.array_equal(root.units, node_score(ref_root, SAMPLED, 0, 0, 7, len(prompt)).units)
 
 
 def test_commit_reroots_and_keeps_scoring_below(target):
@@ -157,7 +158,7 @@ def test_more_tail_continues_the_stream(target):
     from acespec.shared.served import n_sent, tail_draws
 
     dist = served(model(prompt, model.new_cache(), last_only=True)[0].numpy(), params)
-    ids, _ = tail_draws(dist, n_sent(dist, params.send_mass), 3, 0, 0, 5)
+    ids, _ = tail_draws(dist, n_sent(dist, params.send_mass), 3, len(prompt), 0, 5)
     assert root.tail_ids.tolist() == ids[:2].tolist() and tail.ids == ids[2:].tolist()
 
 

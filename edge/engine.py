@@ -1,0 +1,290 @@
+"""The edge engine: one request, decoded against a remote verifier in one of three modes.
+
+* ar       - cloud-only `Generate` (the baseline): no drafter.
+* sd       - vanilla speculative decoding: draft `depth` tokens, send, wait, walk, repeat.
+* pipeline - keep drafting past in-flight nodes (the edge's own draft stands in for the
+             bonus) and stream Extends up to `window` live nodes; apply verdicts in order.
+
+All modes sample p~ exactly (acceptance decided by `acespec.shared.walk` with randomness
+that is a function of (seed, position)); greedy gives the same text in every mode. The edge
+holds the committed text: if the verifier goes away, it reconnects with backoff and re-opens
+the session with the committed tokens, losing and duplicating nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from acespec.edge.client import FRAMING, CloudSession, Tail, generate
+from acespec.edge.spec_tree import SpecTree
+from acespec.shared.served import ServeParams
+from acespec.shared.walk import NeedTail, walk
+
+log = logging.getLogger(__name__)
+MODES = ("ar", "sd", "pipeline")
+
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    mode: str = "pipeline"
+    depth: int = 4  # drafts per Extend
+    window: int = 16  # most live (uncommitted) nodes in pipeline mode
+    serve: ServeParams = field(default_factory=ServeParams)
+    seed: int = 0
+    max_tokens: int = 128
+    stop_ids: frozenset[int] = frozenset()
+    max_reconnects: int = 8
+    backoff_s: float = 0.25  # first reconnect delay, doubled each time (max 8 s)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.depth < 1 or self.window < self.depth:
+            raise ValueError("need depth >= 1 and window >= depth")
+
+
+@dataclass
+class Stats:
+    tokens: int = 0
+    rounds: int = 0  # verification outcomes that ended a run (a rejection or a bonus)
+    drafted: int = 0
+    accepted: int = 0
+    target_forwards: int = 0  # scoring passes the verifier ran for this request
+    wire_bytes_up: int = 0  # protobuf + gRPC/HTTP2 data framing, per message
+    wire_bytes_down: int = 0
+    reconnects: int = 0
+    more_tail: int = 0
+    seconds: float = 0.0
+    first_token_s: float | None = None
+
+    def as_dict(self) -> dict:
+        t = max(self.tokens, 1)
+        return {"tokens": self.tokens, "tokens_per_s": round(self.tokens / self.seconds, 2)
+                if self.seconds else 0.0,
+                "mean_acceptance_length": round(self.tokens / self.rounds, 3) if self.rounds else 0.0,
+                "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
+                "target_forwards": self.target_forwards,
+                "target_forwards_per_token": round(self.target_forwards / t, 3),
+                "wire_bytes_up": self.wire_bytes_up, "wire_bytes_down": self.wire_bytes_down,
+                "wire_bytes_up_per_token": round(self.wire_bytes_up / t, 2),
+                "wire_bytes_down_per_token": round(self.wire_bytes_down / t, 2),
+                "reconnects": self.reconnects, "more_tail": self.more_tail,
+                "ttft_s": round(self.first_token_s, 4) if self.first_token_s is not None else None,
+                "seconds": round(self.seconds, 3)}
+
+
+class Lost(Exception):
+    """The verifier connection failed; the engine reconnects."""
+
+
+class EdgeEngine:
+    def __init__(self, connect: Callable[[], grpc.aio.Channel], vocab_hash: str,
+                 drafter=None, token: str | None = None):
+        self.connect, self.vocab_hash, self.drafter, self.token = connect, vocab_hash, drafter, token
+
+    async def generate(self, prompt: Sequence[int], cfg: EngineConfig,
+                       on_tokens: Callable[[list[int]], None] | None = None
+                       ) -> tuple[list[int], Stats]:
+        """Decode up to cfg.max_tokens after `prompt`; returns (tokens, stats)."""
+        if cfg.mode != "ar" and self.drafter is None:
+            raise ValueError(f"mode {cfg.mode!r} needs a drafter")
+        run = _Run(self, list(prompt), cfg, on_tokens)
+        delay = cfg.backoff_s
+        while not run.finished:
+            try:
+                await (run.ar() if cfg.mode == "ar" else run.speculate())
+            except (grpc.aio.AioRpcError, ConnectionError, Lost) as e:
+                code = e.code() if isinstance(e, grpc.aio.AioRpcError) else None
+                if code not in (None, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                                grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+                    raise  # a refusal (bad request, auth, vocab): retrying cannot help
+                if run.stats.reconnects >= cfg.max_reconnects:
+                    raise ConnectionError(f"verifier unreachable after {cfg.max_reconnects} "
+                                          f"reconnects: {e}") from e
+                run.stats.reconnects += 1
+                log.warning("verifier connection lost (%s); reconnecting in %.2f s with %d "
+                            "committed tokens", code.name if code else e, delay, len(run.out))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 8.0)
+        run.stats.seconds = time.perf_counter() - run.t0
+        return run.out, run.stats
+
+
+class _Run:
+    """State of one request across reconnects."""
+
+    def __init__(self, engine: EdgeEngine, prompt: list[int], cfg: EngineConfig, on_tokens):
+        self.e, self.prompt, self.cfg, self.on_tokens = engine, prompt, cfg, on_tokens
+        self.out: list[int] = []
+        self.stats = Stats()
+        self.t0 = time.perf_counter()
+        self.finished = False
+
+    # -- committed text ---------------------------------------------------------
+
+    def _emit(self, tokens: list[int]) -> None:
+        """Append decided tokens, honouring stop ids and max_tokens."""
+        for t in tokens:
+            if self.finished:
+                return
+            if t in self.cfg.stop_ids:
+                self.finished = True
+                return
+            self.out.append(t)
+            self.stats.tokens += 1
+            if self.stats.first_token_s is None:
+                self.stats.first_token_s = time.perf_counter() - self.t0
+            if self.on_tokens:
+                self.on_tokens([t])
+            if len(self.out) >= self.cfg.max_tokens:
+                self.finished = True
+
+    def _rng_at(self, purpose: int):
+        seed = self.cfg.seed
+        return lambda position: np.random.default_rng([seed, position, purpose])
+
+    # -- ar ---------------------------------------------------------------------
+
+    async def ar(self) -> None:
+        ch = self.e.connect()
+        sizes: list[int] = []
+        try:
+            left = self.cfg.max_tokens - len(self.out)
+            async for tok in generate(ch, self.prompt + self.out, self.cfg.serve, self.cfg.seed,
+                                      left, self.e.vocab_hash, self.e.token,
+                                      list(self.cfg.stop_ids), sizes):
+                self.stats.target_forwards += 1
+                self.stats.rounds += 1
+                self._emit([tok])
+            self.finished = True
+        finally:
+            if sizes:
+                self.stats.wire_bytes_up += sizes[0] + FRAMING
+                self.stats.wire_bytes_down += sum(sizes[1:]) + FRAMING * (len(sizes) - 1)
+            await ch.close()
+
+    # -- sd / pipeline ------------------------------------------------------------
+
+    async def speculate(self) -> None:
+        ch = self.e.connect()
+        sess = CloudSession(ch, self.e.token)
+        inbox: asyncio.Queue = asyncio.Queue()
+        reader = None
+        try:
+            context = self.prompt + self.out
+            root = await sess.open(context, self.cfg.serve, self.cfg.seed, self.e.vocab_hash,
+                                   max_live_nodes=self.cfg.window + self.cfg.depth + 1)
+            self.stats.target_forwards += 1
+            tree = SpecTree(context[-1], len(context) - 1, root)
+            self.head = None  # (end node, decided token) waiting to be sent as a node
+            reader = asyncio.create_task(self._read(sess, inbox))
+            await self._drive(sess, tree, inbox)
+            await sess.close()
+        finally:
+            if reader:
+                reader.cancel()
+            self.stats.wire_bytes_up += sess.bytes_up
+            self.stats.wire_bytes_down += sess.bytes_down
+            await ch.close()
+
+    @staticmethod
+    async def _read(sess: CloudSession, inbox: asyncio.Queue) -> None:
+        try:
+            while True:
+                await inbox.put(await sess.recv())
+        except Exception as e:  # noqa: BLE001 - handed to the driver, which reconnects
+            await inbox.put(e)
+
+    async def _drive(self, sess: CloudSession, tree: SpecTree, inbox: asyncio.Queue) -> None:
+        in_flight, want_tail = 0, False
+        while not self.finished:
+            if not want_tail and self.head is None:
+                try:
+                    res = walk(tree.root, self.cfg.serve.sampling.greedy, self._rng_at(1),
+                               bonus_at_leaves=not self._will_draft(tree))
+                    await self._apply(sess, tree, res)
+                except NeedTail as e:
+                    await sess.more_tail(e.node_id, 2)
+                    self.stats.more_tail += 1
+                    want_tail = True
+            if self.finished:
+                return
+            if not want_tail and self._may_draft(tree, in_flight):
+                await self._extend(sess, tree)
+                in_flight += 1
+                continue
+            msg = await inbox.get()
+            if isinstance(msg, Exception):
+                raise Lost(str(msg)) from msg
+            if isinstance(msg, Tail):
+                tree.add_tails(msg.node_id, msg.ids, msg.units)
+                want_tail = False
+            else:
+                in_flight -= 1
+                self.stats.target_forwards += 1
+                tree.apply_scores(msg)
+
+    def _will_draft(self, tree: SpecTree) -> bool:
+        """Pipeline drafts past every scored leaf until max_tokens: no bonus draws there."""
+        return (self.cfg.mode == "pipeline" and
+                len(self.out) + len(tree.path_tokens(tree.tip)) < self.cfg.max_tokens)
+
+    def _may_draft(self, tree: SpecTree, in_flight: int) -> bool:
+        if self.head is not None:
+            return True  # a decided token must reach the verifier
+        if len(self.out) + len(tree.path_tokens(tree.tip)) > self.cfg.max_tokens:
+            return False
+        if self.cfg.mode == "sd":
+            return in_flight == 0
+        return tree.live() + self.cfg.depth <= self.cfg.window
+
+    async def _apply(self, sess: CloudSession, tree: SpecTree, res) -> None:
+        """Take what the walk decided: commit it; after a rejection or a bonus, the decided
+        token waits in self.head to lead the next Extend."""
+        self.stats.accepted += res.accepted
+        if res.waiting:
+            if res.end is not tree.root:
+                self._emit(res.tokens)
+                tree.reroot(res.end)
+                await sess.commit(res.end.node_id)
+            return
+        self.stats.rounds += 1
+        self._emit(res.tokens)
+        tree.cut_below(res.end)  # the drafts below the decision point are dead
+        tree.reroot(res.end)
+        self.head = (res.end, res.tokens[-1])
+
+    async def _extend(self, sess: CloudSession, tree: SpecTree) -> None:
+        """Draft at the tip and send the chain (led by the decided head token, if any)."""
+        head = self.head
+        parent = head[0] if head else tree.tip
+        lead = [head[1]] if head else []
+        context = self.prompt + self.out + ([] if head else tree.path_tokens(tree.tip))
+        room = self.cfg.max_tokens - len(self.out) - (0 if head else len(tree.path_tokens(tree.tip)))
+        n = max(1, min(self.cfg.depth, room))
+        draft = self.e.drafter.propose(context, n, self.cfg.serve.sampling,
+                                       self._draft_rng(len(context)))
+        self.stats.drafted += len(draft)
+        tokens = lead + draft.tokens.tolist()
+        first = sess.next_id
+        await sess.extend(tokens, [parent.node_id] + [first + i for i in range(len(tokens) - 1)])
+        if head:
+            node = tree.add(first, lead, parent, None)[0]
+            await sess.commit(first)  # the head is decided: the verifier can free the rest
+            tree.reroot(node)
+            made = tree.add(first + 1, draft.tokens, node, draft.q)
+            self.head = None
+        else:
+            made = tree.add(first, draft.tokens, parent, draft.q)
+        tree.tip = made[-1]
+
+    def _draft_rng(self, position: int) -> np.random.Generator:
+        return np.random.default_rng([self.cfg.seed, position, 0])
