@@ -50,6 +50,12 @@ def _add_cloud(sub) -> None:
     add_parser(sub)
 
 
+def _add_edge(sub) -> None:
+    from acespec.edge.cli import add_parser
+
+    add_parser(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="acespec", description="AceSpec: edge-cloud speculative decoding over slow links.")
@@ -58,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="more logging (-v info, -vv debug)")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     _add_generate(sub)
+    _add_edge(sub)
     _add_cloud(sub)
     _add_models(sub)
     return parser

@@ -24,6 +24,7 @@ import numpy as np
 
 from acespec.edge.client import FRAMING, CloudSession, Tail, generate
 from acespec.edge.spec_tree import SpecTree
+from acespec.shared.sampling import PositionalRng
 from acespec.shared.served import ServeParams
 from acespec.shared.walk import NeedTail, walk
 
@@ -64,6 +65,7 @@ class Stats:
     more_tail: int = 0
     seconds: float = 0.0
     first_token_s: float | None = None
+    round_trips: list[float] = field(default_factory=list)  # Extend sent -> its Scores, seconds
 
     def as_dict(self) -> dict:
         t = max(self.tokens, 1)
@@ -77,6 +79,8 @@ class Stats:
                 "wire_bytes_up_per_token": round(self.wire_bytes_up / t, 2),
                 "wire_bytes_down_per_token": round(self.wire_bytes_down / t, 2),
                 "reconnects": self.reconnects, "more_tail": self.more_tail,
+                "rtt_ms": round(1000 * float(np.median(self.round_trips)), 2)
+                if self.round_trips else None,
                 "ttft_s": round(self.first_token_s, 4) if self.first_token_s is not None else None,
                 "seconds": round(self.seconds, 3)}
 
@@ -91,9 +95,10 @@ class EdgeEngine:
         self.connect, self.vocab_hash, self.drafter, self.token = connect, vocab_hash, drafter, token
 
     async def generate(self, prompt: Sequence[int], cfg: EngineConfig,
-                       on_tokens: Callable[[list[int]], None] | None = None
+                       on_tokens: Callable[[list[int], Stats], None] | None = None
                        ) -> tuple[list[int], Stats]:
-        """Decode up to cfg.max_tokens after `prompt`; returns (tokens, stats)."""
+        """Decode up to cfg.max_tokens after `prompt`; returns (tokens, stats). on_tokens is
+        called with each newly committed token (and the running stats)."""
         if cfg.mode != "ar" and self.drafter is None:
             raise ValueError(f"mode {cfg.mode!r} needs a drafter")
         run = _Run(self, list(prompt), cfg, on_tokens)
@@ -127,6 +132,13 @@ class _Run:
         self.stats = Stats()
         self.t0 = time.perf_counter()
         self.finished = False
+        self._sess: CloudSession | None = None  # the live session (for live byte counts)
+        self._base_bytes = (0, 0)
+
+    def _sync_bytes(self) -> None:
+        if self._sess is not None:
+            self.stats.wire_bytes_up = self._base_bytes[0] + self._sess.bytes_up
+            self.stats.wire_bytes_down = self._base_bytes[1] + self._sess.bytes_down
 
     # -- committed text ---------------------------------------------------------
 
@@ -143,7 +155,8 @@ class _Run:
             if self.stats.first_token_s is None:
                 self.stats.first_token_s = time.perf_counter() - self.t0
             if self.on_tokens:
-                self.on_tokens([t])
+                self._sync_bytes()
+                self.on_tokens([t], self.stats)
             if len(self.out) >= self.cfg.max_tokens:
                 self.finished = True
 
@@ -176,6 +189,7 @@ class _Run:
     async def speculate(self) -> None:
         ch = self.e.connect()
         sess = CloudSession(ch, self.e.token)
+        self._sess, self._base_bytes = sess, (self.stats.wire_bytes_up, self.stats.wire_bytes_down)
         inbox: asyncio.Queue = asyncio.Queue()
         reader = None
         try:
@@ -191,8 +205,8 @@ class _Run:
         finally:
             if reader:
                 reader.cancel()
-            self.stats.wire_bytes_up += sess.bytes_up
-            self.stats.wire_bytes_down += sess.bytes_down
+            self._sync_bytes()
+            self._sess = None
             await ch.close()
 
     @staticmethod
@@ -205,8 +219,12 @@ class _Run:
 
     async def _drive(self, sess: CloudSession, tree: SpecTree, inbox: asyncio.Queue) -> None:
         in_flight, want_tail = 0, False
+        sent_at: list[float] = []  # send times of Extends awaiting their Scores
         while not self.finished:
-            if not want_tail and self.head is None:
+            # sd verifies a chain only once all of it is scored (draft, send, wait, verify),
+            # so its rounds - and the bonus at each chain's end - align however it resumes.
+            settled = self.cfg.mode != "sd" or in_flight == 0
+            if not want_tail and self.head is None and settled:
                 try:
                     res = walk(tree.root, self.cfg.serve.sampling.greedy, self._rng_at(1),
                                bonus_at_leaves=not self._will_draft(tree))
@@ -219,6 +237,7 @@ class _Run:
                 return
             if not want_tail and self._may_draft(tree, in_flight):
                 await self._extend(sess, tree)
+                sent_at.append(time.perf_counter())
                 in_flight += 1
                 continue
             msg = await inbox.get()
@@ -229,6 +248,7 @@ class _Run:
                 want_tail = False
             else:
                 in_flight -= 1
+                self.stats.round_trips.append(time.perf_counter() - sent_at.pop(0))
                 self.stats.target_forwards += 1
                 tree.apply_scores(msg)
 
@@ -250,6 +270,9 @@ class _Run:
         """Take what the walk decided: commit it; after a rejection or a bonus, the decided
         token waits in self.head to lead the next Extend."""
         self.stats.accepted += res.accepted
+        if res.tokens:
+            log.debug("walk from position %d decided %s (%s)", tree.root.position + 1,
+                      res.tokens, "waiting" if res.waiting else "done")
         if res.waiting:
             if res.end is not tree.root:
                 self._emit(res.tokens)
@@ -274,6 +297,8 @@ class _Run:
                                        self._draft_rng(len(context)))
         self.stats.drafted += len(draft)
         tokens = lead + draft.tokens.tolist()
+        log.debug("extend at position %d: lead %s drafts %s", len(context), lead,
+                  draft.tokens.tolist())
         first = sess.next_id
         await sess.extend(tokens, [parent.node_id] + [first + i for i in range(len(tokens) - 1)])
         if head:
@@ -286,5 +311,6 @@ class _Run:
             made = tree.add(first, draft.tokens, parent, draft.q)
         tree.tip = made[-1]
 
-    def _draft_rng(self, position: int) -> np.random.Generator:
-        return np.random.default_rng([self.cfg.seed, position, 0])
+    def _draft_rng(self, position: int) -> PositionalRng:
+        """Uniforms for drafts at position, position+1, ...: keyed by position, not chunk."""
+        return PositionalRng(self.cfg.seed, position, purpose=0)

@@ -104,6 +104,20 @@ class LlamaDrafter:
     def eos_id(self) -> int:
         return int(self._ll.llama_vocab_eos(self._vocab))
 
+    @property
+    def bos_id(self) -> int | None:
+        bos = int(self._ll.llama_vocab_bos(self._vocab))
+        return bos if bos >= 0 else None
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of `text` with the GGUF's own tokenizer (no BOS, specials not parsed)."""
+        raw = text.encode("utf-8")
+        buf = (self._ll.llama_token * (len(raw) + 8))()
+        n = self._ll.llama_tokenize(self._vocab, raw, len(raw), buf, len(buf), False, False)
+        if n < 0:
+            raise DrafterError(f"tokenization of {len(raw)} bytes failed ({n})")
+        return list(buf[:n])
+
     def piece(self, token: int) -> bytes:
         """The bytes token `token` stands for (specials render as nothing)."""
         buf = ctypes.create_string_buffer(64)

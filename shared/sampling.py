@@ -56,3 +56,19 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     cdf = np.cumsum(probs)
     u = rng.random() * cdf[-1]
     return int(min(np.searchsorted(cdf, u, side="right"), len(probs) - 1))
+
+
+class PositionalRng:
+    """A stand-in for `numpy.random.Generator` whose k-th `random()` call returns the uniform
+    of position start+k: a function of (seed, position, purpose) only. Drafting with it makes
+    each drafted token depend on its position, not on how drafting was chunked, so a session
+    resumed mid-chunk draws exactly what an uninterrupted one would. (`sample` and the
+    drafters draw one uniform per token.)"""
+
+    def __init__(self, seed: int, start: int, purpose: int = 0):
+        self.seed, self.position, self.purpose = seed, start, purpose
+
+    def random(self) -> float:
+        u = np.random.default_rng([self.seed, self.position, self.purpose]).random()
+        self.position += 1
+        return float(u)

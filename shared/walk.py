@@ -61,12 +61,15 @@ def walk(root: TreeNode, greedy: bool, rng_at: Callable[[int], np.random.Generat
          bonus_at_leaves: bool = True) -> Walk:
     """Decide tokens below `root` as far as the scores allow. Raises NeedTail.
 
-    bonus_at_leaves=False waits at a scored node with no drafted child instead of drawing
-    a bonus token (a pipeline about to draft there), so that what is decided at each
-    position never depends on timing: sampled output is then a function of the seed."""
+    Sampled decisions must not depend on timing or on where a session was (re)opened, so
+    a bonus is drawn only below the root (a freshly opened root drafts first), and not at
+    all with bonus_at_leaves=False (a pipeline about to draft there): then each position is
+    decided by testing the draft drawn for that position, and the output for a seed is the
+    same however the work was chunked or resumed."""
     n, out = root, Walk([], root, waiting=root.score is None)
     while n.score is not None:
-        if not (greedy or bonus_at_leaves or n.drafted is not None):
+        bonus_ok = bonus_at_leaves and n is not root
+        if not (greedy or bonus_ok or n.drafted is not None):
             break
         try:
             t = _decide(n, greedy, rng_at(n.position + 1), out)

@@ -1,0 +1,148 @@
+"""`acespec edge ...`: generate against a remote verifier (more commands join later)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REFUSED = 2, 3, 4
+
+
+def add_parser(sub) -> None:
+    from acespec.models import DEMO_DRAFTER, DEMO_TARGET
+
+    p = sub.add_parser("edge", help="the edge: drafter + engine talking to a cloud verifier")
+    esub = p.add_subparsers(dest="edge_cmd", required=True, metavar="COMMAND")
+    g = esub.add_parser(
+        "generate", help="stream a continuation of PROMPT, drafting locally, verified remotely",
+        description="Speculative decoding against a cloud verifier: the llama.cpp drafter "
+        "proposes tokens, the verifier scores them, this process accepts or rejects them "
+        "exactly. Streams the accepted text with a live status line on stderr.")
+    g.add_argument("prompt")
+    g.add_argument("--cloud", default="localhost:50051", help="verifier HOST:PORT (default: %(default)s)")
+    g.add_argument("--drafter", default=str(DEMO_DRAFTER),
+                   help="drafter GGUF, or 'ngram' (default: the demo drafter)")
+    g.add_argument("--tokenizer", default=str(DEMO_TARGET),
+                   help="tokenizer.json or its folder, used with --drafter ngram")
+    g.add_argument("--mode", default="pipeline", choices=["ar", "sd", "pipeline"])
+    g.add_argument("--depth", type=int, default=4, help="drafts per Extend")
+    g.add_argument("--window", type=int, default=16, help="live nodes in pipeline mode")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--send-mass", type=float, default=0.9, help="downlink: sent mass per node")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--auth-token-file", help="bearer token for the verifier")
+    g.add_argument("--tls-ca", help="PEM root certificate: connect with TLS")
+    g.add_argument("--json", action="store_true",
+                   help="print one JSON object {text, token_ids, stats} at the end")
+    g.set_defaults(func=run_generate)
+
+
+def _codec_and_drafter(args):
+    from acespec.edge.text import TextCodec
+
+    if args.drafter == "ngram":
+        from acespec.edge.ngram_drafter import NgramDrafter
+
+        codec = TextCodec.from_tokenizer(args.tokenizer)
+        from acespec.shared.tokenizer import Tokenizer
+
+        return codec, NgramDrafter(Tokenizer.load(args.tokenizer).vocab_size)
+    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+
+    if not Path(args.drafter).is_file():
+        raise FileNotFoundError(f"no drafter GGUF at {args.drafter}; pass --drafter FILE or 'ngram'")
+    drafter = LlamaDrafter(args.drafter, LlamaDrafterConfig(n_seq_max=2))
+    return TextCodec.from_drafter(drafter), drafter
+
+
+def run_generate(args) -> int:
+    import grpc
+
+    from acespec.edge.client import channel
+    from acespec.edge.engine import EdgeEngine, EngineConfig
+    from acespec.edge.text import StreamDecoder
+    from acespec.shared.config import ConfigError, SamplingParams
+    from acespec.shared.served import ServeParams
+
+    def fail(code: int, msg: str) -> int:
+        print(f"acespec edge generate: error: {msg}", file=sys.stderr)
+        return code
+
+    try:
+        serve = ServeParams(SamplingParams(args.temperature, args.top_k, args.top_p),
+                            send_mass=args.send_mass)
+        cfg = EngineConfig(mode=args.mode, depth=args.depth, window=max(args.window, args.depth),
+                           serve=serve, seed=args.seed, max_tokens=args.max_tokens)
+        codec, drafter = _codec_and_drafter(args)
+        token = Path(args.auth_token_file).read_text().strip() if args.auth_token_file else None
+        root_cert = Path(args.tls_ca).read_bytes() if args.tls_ca else None
+    except (ConfigError, ValueError, FileNotFoundError, OSError) as e:
+        return fail(EXIT_USAGE, str(e))
+    cfg = EngineConfig(**{**cfg.__dict__, "stop_ids": frozenset({codec.eos_id} - {None})})
+    engine = EdgeEngine(lambda: channel(args.cloud, root_cert), codec.vocab_hash,
+                        None if args.mode == "ar" else drafter, token)
+    prompt = codec.encode(args.prompt)
+    status = _Status(not args.json)
+    stream = StreamDecoder(codec)
+
+    def on_tokens(ids, stats):
+        if not args.json:
+            status.clear()
+            sys.stdout.write(stream.feed(ids))
+            sys.stdout.flush()
+            status.show(stats)
+
+    try:
+        out, stats = asyncio.run(engine.generate(prompt, cfg, on_tokens))
+    except ConnectionError as e:
+        return fail(EXIT_UNREACHABLE, f"cannot reach the verifier at {args.cloud}: {e}")
+    except grpc.aio.AioRpcError as e:
+        return fail(EXIT_REFUSED, f"verifier refused the request ({e.code().name}): {e.details()}")
+    figures = {**stats.as_dict(), "mode": args.mode, "depth": args.depth}
+    if args.json:
+        print(json.dumps({"text": codec.decode(out), "token_ids": out, "stats": figures}))
+    else:
+        status.clear()
+        sys.stdout.write(stream.finish() + "\n")
+        print(_summary(figures), file=sys.stderr)
+    return 0
+
+
+def _summary(f: dict) -> str:
+    return (f"[{f['mode']}: {f['tokens']} tokens, {f['tokens_per_s']} tok/s, mean acceptance "
+            f"length {f['mean_acceptance_length']}, {f['target_forwards_per_token']} target "
+            f"forwards/token, wire {f['wire_bytes_up_per_token']} B/token up, "
+            f"{f['wire_bytes_down_per_token']} B/token down, RTT {f['rtt_ms']} ms]")
+
+
+class _Status:
+    """A one-line live status on stderr (only on a terminal)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.t0, self.shown = time.perf_counter(), False
+
+    def show(self, stats) -> None:
+        if not self.enabled:
+            return
+        n = max(stats.tokens, 1)
+        rate = stats.tokens / max(time.perf_counter() - self.t0, 1e-9)
+        al = stats.tokens / stats.rounds if stats.rounds else 0.0
+        rtt = f"{1000 * sorted(stats.round_trips)[len(stats.round_trips) // 2]:.0f} ms" \
+            if stats.round_trips else "-"
+        sys.stderr.write(f"\r\033[2K  … {stats.tokens} tok | {rate:.1f} tok/s | AL {al:.2f} | "
+                         f"up {stats.wire_bytes_up / n:.1f} B/tok down "
+                         f"{stats.wire_bytes_down / n:.1f} B/tok | RTT {rtt}")
+        sys.stderr.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\033[2K")
+            self.shown = False
