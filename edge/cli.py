@@ -41,6 +41,23 @@ def add_parser(sub) -> None:
     g.add_argument("--json", action="store_true",
                    help="print one JSON object {text, token_ids, stats} at the end")
     g.set_defaults(func=run_generate)
+    sv = esub.add_parser(
+        "serve", help="a local OpenAI-compatible server (completions, chat, SSE streaming)",
+        description="Serve /v1/completions, /v1/chat/completions (when the drafter's GGUF has a "
+        "chat template), /v1/models, /health and /metrics on a local port; generation is "
+        "drafted here and verified by the cloud verifier.")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--cloud", default="localhost:50051", help="verifier HOST:PORT")
+    sv.add_argument("--drafter", default=str(DEMO_DRAFTER), help="drafter GGUF")
+    sv.add_argument("--mode", default="pipeline", choices=["ar", "sd", "pipeline"])
+    sv.add_argument("--depth", type=int, default=4)
+    sv.add_argument("--window", type=int, default=16)
+    sv.add_argument("--send-mass", type=float, default=0.9)
+    sv.add_argument("--model-name", default="acespec", help="the model id clients send")
+    sv.add_argument("--auth-token-file", help="bearer token for the verifier")
+    sv.add_argument("--tls-ca", help="PEM root certificate: connect with TLS")
+    sv.set_defaults(func=run_serve)
 
 
 def _codec_and_drafter(args):
@@ -146,3 +163,45 @@ class _Status:
         if self.shown:
             sys.stderr.write("\r\033[2K")
             self.shown = False
+
+
+def build_service(args):
+    """The EdgeService for `serve` (also used by tests)."""
+    import asyncio  # noqa: F401 - the service's queue binds to the running loop lazily
+
+    from acespec.edge.client import channel
+    from acespec.edge.engine import EngineConfig
+    from acespec.edge.http_app import EdgeMetrics
+    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.server import EdgeService
+    from acespec.edge.text import TextCodec
+    from acespec.shared.served import ServeParams
+
+    if not Path(args.drafter).is_file():
+        raise FileNotFoundError(f"no drafter GGUF at {args.drafter}")
+    drafter = LlamaDrafter(args.drafter, LlamaDrafterConfig(n_seq_max=40))
+    token = Path(args.auth_token_file).read_text().strip() if args.auth_token_file else None
+    root_cert = Path(args.tls_ca).read_bytes() if args.tls_ca else None
+    base = EngineConfig(mode=args.mode, depth=args.depth, window=max(args.window, args.depth),
+                        serve=ServeParams(send_mass=args.send_mass))
+    return EdgeService(codec=TextCodec.from_drafter(drafter),
+                       drafter=None if args.mode == "ar" else drafter,
+                       channel=channel(args.cloud, root_cert), model_name=args.model_name,
+                       base=base, chat_template=drafter.chat_template(), token=token,
+                       metrics=EdgeMetrics())
+
+
+def run_serve(args) -> int:
+    import uvicorn
+
+    from acespec.edge.http_app import create_app
+
+    try:
+        svc = build_service(args)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"acespec edge serve: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"acespec edge listening on http://{args.host}:{args.port} (model "
+          f"{args.model_name!r}, mode {args.mode}, verifier {args.cloud})", flush=True)
+    uvicorn.run(create_app(svc), host=args.host, port=args.port, log_level="warning")
+    return 0

@@ -25,10 +25,19 @@ class Tail:
     units: list[int]
 
 
+# A verifier that comes back should be found quickly: gRPC's default reconnect backoff
+# starts at 1 s and grows to 120 s, far longer than the edge's own retry schedule.
+CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
+                   ("grpc.min_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", 2000),
+                   ("grpc.keepalive_time_ms", 20000)]
+
+
 def channel(target: str, tls_root_cert: bytes | None = None) -> grpc.aio.Channel:
     if tls_root_cert is not None:
-        return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(tls_root_cert))
-    return grpc.aio.insecure_channel(target)
+        return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(tls_root_cert),
+                                       options=CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
 
 
 def metadata(token: str | None, session_key: str | None = None) -> tuple:

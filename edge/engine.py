@@ -91,17 +91,21 @@ class Lost(Exception):
 
 class EdgeEngine:
     def __init__(self, connect: Callable[[], grpc.aio.Channel], vocab_hash: str,
-                 drafter=None, token: str | None = None):
+                 drafter=None, token: str | None = None, owns_channels: bool = True):
+        """connect() gives a channel per session attempt; with owns_channels=False it may
+        return one shared channel, which the engine then never closes."""
         self.connect, self.vocab_hash, self.drafter, self.token = connect, vocab_hash, drafter, token
+        self.owns_channels = owns_channels
 
     async def generate(self, prompt: Sequence[int], cfg: EngineConfig,
-                       on_tokens: Callable[[list[int], Stats], None] | None = None
-                       ) -> tuple[list[int], Stats]:
+                       on_tokens: Callable[[list[int], Stats], None] | None = None,
+                       seq: int = 0) -> tuple[list[int], Stats]:
         """Decode up to cfg.max_tokens after `prompt`; returns (tokens, stats). on_tokens is
-        called with each newly committed token (and the running stats)."""
+        called with each newly committed token (and the running stats). `seq` is the
+        drafter sequence this request may use (one per concurrent request)."""
         if cfg.mode != "ar" and self.drafter is None:
             raise ValueError(f"mode {cfg.mode!r} needs a drafter")
-        run = _Run(self, list(prompt), cfg, on_tokens)
+        run = _Run(self, list(prompt), cfg, on_tokens, seq)
         delay = cfg.backoff_s
         while not run.finished:
             try:
@@ -126,8 +130,10 @@ class EdgeEngine:
 class _Run:
     """State of one request across reconnects."""
 
-    def __init__(self, engine: EdgeEngine, prompt: list[int], cfg: EngineConfig, on_tokens):
+    def __init__(self, engine: EdgeEngine, prompt: list[int], cfg: EngineConfig, on_tokens,
+                 seq: int):
         self.e, self.prompt, self.cfg, self.on_tokens = engine, prompt, cfg, on_tokens
+        self.seq = seq
         self.out: list[int] = []
         self.stats = Stats()
         self.t0 = time.perf_counter()
@@ -156,7 +162,8 @@ class _Run:
                 self.stats.first_token_s = time.perf_counter() - self.t0
             if self.on_tokens:
                 self._sync_bytes()
-                self.on_tokens([t], self.stats)
+                if self.on_tokens([t], self.stats):  # the caller wants no more (a stop string)
+                    self.finished = True
             if len(self.out) >= self.cfg.max_tokens:
                 self.finished = True
 
@@ -182,7 +189,8 @@ class _Run:
             if sizes:
                 self.stats.wire_bytes_up += sizes[0] + FRAMING
                 self.stats.wire_bytes_down += sum(sizes[1:]) + FRAMING * (len(sizes) - 1)
-            await ch.close()
+            if self.e.owns_channels:
+                await ch.close()
 
     # -- sd / pipeline ------------------------------------------------------------
 
@@ -205,9 +213,12 @@ class _Run:
         finally:
             if reader:
                 reader.cancel()
+            if not self.finished:
+                sess.cancel()  # an error or a cancelled request: the verifier frees the KV
             self._sync_bytes()
             self._sess = None
-            await ch.close()
+            if self.e.owns_channels:
+                await ch.close()
 
     @staticmethod
     async def _read(sess: CloudSession, inbox: asyncio.Queue) -> None:
@@ -294,7 +305,7 @@ class _Run:
         room = self.cfg.max_tokens - len(self.out) - (0 if head else len(tree.path_tokens(tree.tip)))
         n = max(1, min(self.cfg.depth, room))
         draft = self.e.drafter.propose(context, n, self.cfg.serve.sampling,
-                                       self._draft_rng(len(context)))
+                                       self._draft_rng(len(context)), seq=self.seq)
         self.stats.drafted += len(draft)
         tokens = lead + draft.tokens.tolist()
         log.debug("extend at position %d: lead %s drafts %s", len(context), lead,

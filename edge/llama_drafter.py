@@ -104,6 +104,11 @@ class LlamaDrafter:
     def eos_id(self) -> int:
         return int(self._ll.llama_vocab_eos(self._vocab))
 
+    def chat_template(self) -> str | None:
+        """The GGUF's `tokenizer.chat_template` (Jinja), if it has one."""
+        raw = self._ll.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8") if raw else None
+
     @property
     def bos_id(self) -> int | None:
         bos = int(self._ll.llama_vocab_bos(self._vocab))

@@ -24,7 +24,8 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def export_gguf(model, tokenizer_dir: str | Path, out_path: str | Path, ftype: str = "f16",
-                name: str = "acespec-drafter", context_length: int = 4096) -> Path:
+                name: str = "acespec-drafter", context_length: int = 4096,
+                chat_template: str | None = None) -> Path:
     """Write `model` (acespec.cloud.model.Transformer, arch llama, no biases) to GGUF.
 
     ftype: 'f32' | 'f16' | 'q8_0'. Norms always stay F32 (as llama.cpp's converter does).
@@ -40,6 +41,8 @@ def export_gguf(model, tokenizer_dir: str | Path, out_path: str | Path, ftype: s
     w = gguf.GGUFWriter(str(out_path), arch="llama")
     _write_hparams(w, args, name, context_length, ftype)
     _write_tokenizer(w, Path(tokenizer_dir), args.vocab_size)
+    if chat_template:
+        w.add_chat_template(chat_template)
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, args.num_layers)
     for hf_name, tensor in model.state_dict().items():
         if args.tie_word_embeddings and hf_name == "lm_head.weight":

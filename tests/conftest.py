@@ -93,3 +93,33 @@ def tiny_pair(tmp_path_factory):
     ggufs = {ft: export_gguf(model, out, out / f"tiny-{ft}.gguf", ftype=ft)
              for ft in ("f32", "f16", "q8_0")}
     return out, model, ggufs
+
+
+def plain_greedy(model, prompt, n):
+    """Reference greedy decoding: n argmax tokens, each from a fresh full forward pass."""
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(model(seq, model.new_cache(), last_only=True)[0].argmax()))
+    return seq[len(prompt):]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dir(tiny_pair):
+    """The tiny target exported as a Hugging Face checkpoint folder (for verifier processes)."""
+    from acespec.models.export_hf import export_hf
+    from acespec.shared.tokenizer import Tokenizer
+
+    tok_dir, model, _ = tiny_pair
+    tok = Tokenizer.load(tok_dir)
+    out = tok_dir / "hf"
+    if not (out / "config.json").is_file():
+        export_hf(model, tok_dir, out, tok.bos_id, tok.eos_id)
+    return out

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import plain_greedy
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
@@ -28,12 +30,6 @@ def pair(tiny_pair):
     tok = Tokenizer.load(tok_dir)
     return model, tok, ggufs
 
-
-def plain_greedy(model, prompt, n):
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(int(model(seq, model.new_cache(), last_only=True)[0].argmax()))
-    return seq[len(prompt):]
 
 
 def drafters(model, ggufs):

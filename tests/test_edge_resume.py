@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from conftest import free_port
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
@@ -27,20 +28,10 @@ from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def hf_pair(tiny_pair):
-    from acespec.models.export_hf import export_hf
+def hf_pair(tiny_pair, tiny_hf_dir):
+    tok_dir, _, ggufs = tiny_pair
+    return tiny_hf_dir, Tokenizer.load(tok_dir), ggufs
 
-    tok_dir, model, ggufs = tiny_pair
-    tok = Tokenizer.load(tok_dir)
-    out = tok_dir / "hf-resume"
-    export_hf(model, tok_dir, out, tok.bos_id, tok.eos_id)
-    return out, tok, ggufs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_verifier(model_dir, port: int, step_ms: str = "15") -> subprocess.Popen:

@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import plain_greedy
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
@@ -17,13 +19,6 @@ from acespec.edge.ngram_drafter import NgramDrafter  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 from acespec.sim.local import generate_local  # noqa: E402
-
-
-def plain_greedy(model, prompt, n):
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(int(model(seq, model.new_cache(), last_only=True)[0].argmax()))
-    return seq[len(prompt):]
 
 
 @pytest.mark.parametrize("depth", [1, 3, 6])
@@ -75,13 +70,9 @@ def test_sampled_first_token_matches_target_distribution(tiny_pair):
     assert tv < 0.08, tv
 
 
-def test_cli_generate_json(tiny_pair):
+def test_cli_generate_json(tiny_pair, tiny_hf_dir):
     tok_dir, _, ggufs = tiny_pair
-    from acespec.models.export_hf import export_hf
-
-    tok = Tokenizer.load(tok_dir)
-    target_dir = tok_dir / "hf"
-    export_hf(tiny_pair[1], tok_dir, target_dir, tok.bos_id, tok.eos_id)
+    target_dir = tiny_hf_dir
     cmd = [sys.executable, "-m", "acespec", "generate", "for i in range(3):", "--model",
            str(target_dir), "--drafter", str(ggufs["q8_0"]), "--max-tokens", "12", "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from conftest import free_port
+
 torch = pytest.importorskip("torch")
 
 from acespec.cloud.nginx import nginx_config  # noqa: E402
@@ -27,11 +29,6 @@ if NGINX is None:
         raise RuntimeError("nginx is required (ACESPEC_REQUIRE_NGINX is set) but not installed")
     pytest.skip("nginx is not installed (CI installs it)", allow_module_level=True)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_nginx(replicas, tmp_path):

@@ -7,6 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
+from conftest import plain_greedy
+
 torch = pytest.importorskip("torch")
 
 from acespec.cloud.batcher import StepEmulation  # noqa: E402
@@ -28,12 +30,6 @@ def target(tiny_pair):
     tok = Tokenizer.load(tok_dir)
     return model, tok.vocab_hash(), tok.encode("import os\nimport sys\n\n")
 
-
-def plain_greedy(model, prompt, n):
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(int(model(seq, model.new_cache(), last_only=True)[0].argmax()))
-    return seq[len(prompt):]
 
 
 def test_greedy_generate_equals_plain_decoding(target):

@@ -21,14 +21,8 @@ from verifier_harness import run, running_verifier  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def hf_target(tiny_pair):
-    from acespec.models.export_hf import export_hf
-
-    tok_dir, model, _ = tiny_pair
-    tok = Tokenizer.load(tok_dir)
-    out = tok_dir / "hf-serve"
-    export_hf(model, tok_dir, out, tok.bos_id, tok.eos_id)
-    return out, tok
+def hf_target(tiny_pair, tiny_hf_dir):
+    return tiny_hf_dir, Tokenizer.load(tiny_pair[0])
 
 
 def test_serve_process_health_generate_and_graceful_stop(hf_target):

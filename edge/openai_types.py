@@ -1,0 +1,130 @@
+"""OpenAI-compatible request parsing and response shapes (no web framework here)."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+
+
+class ApiError(Exception):
+    """An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclass
+class CompletionRequest:
+    model: str
+    prompt: str
+    chat: bool
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    n: int = 1
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    user: str | None = None
+
+
+def _num(body: dict, name: str, kind, default, lo=None, hi=None):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    ok_types = (int,) if kind is int else (int, float)
+    if isinstance(value, bool) or not isinstance(value, ok_types) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        raise ApiError(400, f"'{name}' must be a {'integer' if kind is int else 'number'}", name)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ApiError(400, f"'{name}' must be in [{lo}, {hi}], got {value}", name)
+    return kind(value)
+
+
+def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
+    """Validate a /v1/completions or /v1/chat/completions body; names the bad parameter."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "'model' is required", "model")
+    if chat:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str) for m in msgs):
+            raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects",
+                           "messages")
+        prompt = render_chat(msgs)
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise ApiError(400, "'prompt' must be a string", "prompt")
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+        raise ApiError(400, "'stop' must be a string or a list of up to 4 non-empty strings", "stop")
+    options = body.get("stream_options") or {}
+    default_max = 256 if chat else 16
+    return CompletionRequest(
+        model=model, prompt=prompt, chat=chat,
+        max_tokens=_num(body, "max_completion_tokens" if "max_completion_tokens" in body else
+                        "max_tokens", int, default_max, 1, 4096),
+        temperature=_num(body, "temperature", float, 1.0, 0.0, 2.0),
+        top_p=_num(body, "top_p", float, 1.0, 1e-6, 1.0),
+        top_k=_num(body, "top_k", int, 0, 0, 4096),
+        seed=_num(body, "seed", int, None, 0, 2**63 - 1),
+        n=_num(body, "n", int, 1, 1, 8), stop=stop, stream=bool(body.get("stream", False)),
+        include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+        user=body.get("user") if isinstance(body.get("user"), str) else None)
+
+
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def choice(req: CompletionRequest, index: int, text: str, finish: str | None, delta: bool) -> dict:
+    if not req.chat:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+    if delta:
+        return {"index": index, "delta": {"content": text} if text else {}, "finish_reason": finish}
+    return {"index": index, "message": {"role": "assistant", "content": text},
+            "finish_reason": finish}
+
+
+def envelope(req: CompletionRequest, rid: str, choices: list[dict], chunk: bool,
+             usage: dict | None = None) -> dict:
+    kind = ("chat.completion.chunk" if chunk else "chat.completion") if req.chat else "text_completion"
+    out = {"id": rid, "object": kind, "created": int(time.time()), "model": req.model,
+           "choices": choices}
+    if usage is not None:
+        out["usage"] = usage
+    return out
+
+
+def usage(prompt_tokens: int, stats_list: list) -> dict:
+    """OpenAI usage plus the speculative figures, summed over the n choices."""
+    tokens = sum(s.tokens for s in stats_list)
+    rounds = sum(s.rounds for s in stats_list)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
+            "total_tokens": prompt_tokens + tokens,
+            "drafted_tokens": sum(s.drafted for s in stats_list),
+            "accepted_tokens": sum(s.accepted for s in stats_list),
+            "mean_acceptance_length": round(tokens / rounds, 3) if rounds else 0.0,
+            "cache_hit_rate": 0.0,
+            "target_forwards": sum(s.target_forwards for s in stats_list),
+            "wire_bytes_up": sum(s.wire_bytes_up for s in stats_list),
+            "wire_bytes_down": sum(s.wire_bytes_down for s in stats_list),
+            "cloud_reconnects": sum(s.reconnects for s in stats_list)}
