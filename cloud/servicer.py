@@ -130,6 +130,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 return
             kind = msg.WhichOneof("msg")
             if kind == "extend":
+                if msg.extend.HasField("commit"):
+                    session.commit(msg.extend.commit)
                 nodes = decode_extend(msg.extend, session.next_id)
                 scores = await self.engine.extend(session, nodes.first_id, nodes.tokens,
                                                   nodes.parents)

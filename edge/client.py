@@ -80,13 +80,14 @@ class CloudSession:
         self.next_id = 1
         return decode_scores(opened.root)[0]
 
-    async def extend(self, tokens: Sequence[int], parents: Sequence[int] | None = None) -> int:
-        """Append nodes (parents default to a chain off the newest node); returns the first
-        new node id. Their scores arrive later through `recv`."""
+    async def extend(self, tokens: Sequence[int], parents: Sequence[int] | None = None,
+                     commit: int | None = None) -> int:
+        """Append nodes (parents default to a chain off the newest node), after committing
+        `commit` if given; returns the first new node id. Scores arrive through `recv`."""
         first = self.next_id
         if parents is None:
             parents = [first - 1 + i for i in range(len(tokens))]
-        await self._write(pb.Uplink(extend=encode_extend(first, tokens, parents)))
+        await self._write(pb.Uplink(extend=encode_extend(first, tokens, parents, commit)))
         self.next_id += len(tokens)
         return first
 

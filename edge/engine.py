@@ -202,8 +202,11 @@ class _Run:
         reader = None
         try:
             context = self.prompt + self.out
+            # Commits ride on the next Extend, so the verifier frees dead and committed
+            # nodes one Extend later than the edge does: it may hold up to twice the window.
             root = await sess.open(context, self.cfg.serve, self.cfg.seed, self.e.vocab_hash,
-                                   max_live_nodes=self.cfg.window + self.cfg.depth + 1)
+                                   max_live_nodes=2 * (self.cfg.window + self.cfg.depth) + 2)
+            self.pending_commit = None  # node id to commit with the next Extend
             self.stats.target_forwards += 1
             tree = SpecTree(context[-1], len(context) - 1, root)
             self.head = None  # (end node, decided token) waiting to be sent as a node
@@ -288,7 +291,7 @@ class _Run:
             if res.end is not tree.root:
                 self._emit(res.tokens)
                 tree.reroot(res.end)
-                await sess.commit(res.end.node_id)
+                self.pending_commit = res.end.node_id
             return
         self.stats.rounds += 1
         self._emit(res.tokens)
@@ -311,10 +314,12 @@ class _Run:
         log.debug("extend at position %d: lead %s drafts %s", len(context), lead,
                   draft.tokens.tolist())
         first = sess.next_id
-        await sess.extend(tokens, [parent.node_id] + [first + i for i in range(len(tokens) - 1)])
+        await sess.extend(tokens, [parent.node_id] + [first + i for i in range(len(tokens) - 1)],
+                          commit=self.pending_commit)
+        self.pending_commit = None
         if head:
             node = tree.add(first, lead, parent, None)[0]
-            await sess.commit(first)  # the head is decided: the verifier can free the rest
+            self.pending_commit = first  # the head is decided: freed with the next Extend
             tree.reroot(node)
             made = tree.add(first + 1, draft.tokens, node, draft.q)
             self.head = None

@@ -47,14 +47,16 @@ class Open(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., vocab_hash: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., seed: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ...) -> None: ...
 
 class Extend(_message.Message):
-    __slots__ = ("tokens", "branch_index", "branch_parent")
+    __slots__ = ("tokens", "branch_index", "branch_parent", "commit")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     BRANCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     BRANCH_PARENT_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     branch_index: _containers.RepeatedScalarFieldContainer[int]
     branch_parent: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., branch_index: _Optional[_Iterable[int]] = ..., branch_parent: _Optional[_Iterable[int]] = ...) -> None: ...
+    commit: int
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., branch_index: _Optional[_Iterable[int]] = ..., branch_parent: _Optional[_Iterable[int]] = ..., commit: _Optional[int] = ...) -> None: ...
 
 class Commit(_message.Message):
     __slots__ = ("node_id",)

@@ -52,11 +52,16 @@ def decode_serve_params(msg: pb.Sampling, default: ServeParams = ServeParams()) 
 # -- uplink: Extend -------------------------------------------------------------
 
 
-def encode_extend(first_id: int, tokens: Sequence[int], parents: Sequence[int]) -> pb.Extend:
-    """Chain parents cost nothing; others become (index, parent) exceptions."""
+def encode_extend(first_id: int, tokens: Sequence[int], parents: Sequence[int],
+                  commit: int | None = None) -> pb.Extend:
+    """Chain parents cost nothing; others become (index, parent) exceptions. `commit` rides
+    along (applied before the new nodes)."""
     idx = [i for i, p in enumerate(parents) if p != first_id + i - 1]
-    return pb.Extend(tokens=list(map(int, tokens)), branch_index=idx,
-                     branch_parent=[int(parents[i]) for i in idx])
+    msg = pb.Extend(tokens=list(map(int, tokens)), branch_index=idx,
+                    branch_parent=[int(parents[i]) for i in idx])
+    if commit is not None:
+        msg.commit = commit
+    return msg
 
 
 def decode_extend(msg: pb.Extend, first_id: int) -> NewNodes:

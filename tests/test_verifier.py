@@ -179,3 +179,24 @@ def test_health_and_metrics(target):
     assert status == health_pb2.HealthCheckResponse.SERVING
     assert "acespec_forward_passes_total 3.0" in text
     assert 'acespec_message_bytes_total{direction="down"}' in text
+
+
+def test_commit_riding_on_extend_equals_separate_commit(target):
+    model, vh, prompt = target
+
+    async def go(piggyback):
+        async with running_verifier(model, vh) as (engine, addr), channel(addr) as ch:
+            s = CloudSession(ch)
+            await s.open(prompt, GREEDY, 0, vh)
+            await s.extend([10, 11, 12])
+            await s.recv()
+            if piggyback:
+                await s.extend([13], [3], commit=2)
+            else:
+                await s.commit(2)
+                await s.extend([13], [3])
+            out = await s.recv()
+            return out[0].greedy_token, next(iter(engine.sessions.values())).live_nodes
+
+    assert run(go(True)) == run(go(False))
+    assert run(go(True))[1] == 2  # nodes 3 and 4 below the new root 2
