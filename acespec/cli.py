@@ -56,6 +56,12 @@ def _add_edge(sub) -> None:
     add_parser(sub)
 
 
+def _add_sim(sub) -> None:
+    from acespec.sim.cli import add_parser
+
+    add_parser(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="acespec", description="AceSpec: edge-cloud speculative decoding over slow links.")
@@ -66,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_edge(sub)
     _add_cloud(sub)
+    _add_sim(sub)
     _add_models(sub)
     return parser
 

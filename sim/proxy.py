@@ -1,11 +1,21 @@
-"""A TCP proxy that counts the bytes crossing it each way (what a WAN link would carry:
-HTTP/2 and gRPC framing included). The link emulator builds its stages on this."""
+"""The asyncio TCP proxy driver of the link emulator: real sockets, no root, any OS.
+
+Bytes read on one side are cut into segments, each segment's departure time comes from the
+direction's stage chain (acespec.sim.stages), and a writer delivers them at that time, in
+order. It counts the bytes crossing it each way (what a WAN link carries: HTTP/2 and gRPC
+framing included). With no link spec it is a plain counting proxy.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from dataclasses import dataclass
+
+from acespec.sim.stages import Chunk, Link, LinkSpec
+
+SEGMENT = 1448  # bytes: a TCP segment's payload on a 1500-byte MTU
 
 
 @dataclass
@@ -14,17 +24,21 @@ class ByteCounts:
     down: int = 0  # server -> client
 
 
-class CountingProxy:
+class LinkProxy:
     def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1",
-                 listen_port: int = 0):
+                 listen_port: int = 0, spec: LinkSpec | None = None, seed: int = 0):
         self.target = (target_host, target_port)
         self.listen = (listen_host, listen_port)
+        self.spec, self.seed = spec, seed
         self.counts = ByteCounts()
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._conn_ids = itertools.count()
+        self._t0 = 0.0
 
     async def start(self) -> int:
         """Start listening; returns the bound port."""
+        self._t0 = asyncio.get_running_loop().time()
         self._server = await asyncio.start_server(self._handle, *self.listen)
         return self._server.sockets[0].getsockname()[1]
 
@@ -34,19 +48,43 @@ class CountingProxy:
         except OSError:
             writer.close()
             return
-        tasks = [asyncio.create_task(self._pump(reader, up_writer, "up")),
-                 asyncio.create_task(self._pump(up_reader, writer, "down"))]
+        links = self.spec.build(self.seed + next(self._conn_ids)) if self.spec else (None, None)
+        tasks = [asyncio.create_task(self._pump(reader, up_writer, "up", links[0])),
+                 asyncio.create_task(self._pump(up_reader, writer, "down", links[1]))]
         self._tasks.update(tasks)
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.difference_update(tasks)
 
-    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, direction: str):
+    async def _pump(self, src, dst, direction: str, link: Link | None):
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        writer = asyncio.create_task(self._deliver(queue, dst))
         try:
             while data := await src.read(65536):
                 setattr(self.counts, direction, getattr(self.counts, direction) + len(data))
-                dst.write(data)
-                await dst.drain()
+                now = loop.time() - self._t0
+                for i in range(0, len(data), SEGMENT):
+                    piece = data[i:i + SEGMENT]
+                    due = link(Chunk(len(piece), now)).t if link else now
+                    queue.put_nowait((due, piece))
         except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            queue.put_nowait(None)  # deliver what is in flight, then close: nothing is dropped
+            with contextlib.suppress(Exception):
+                await writer
+
+    async def _deliver(self, queue: asyncio.Queue, dst: asyncio.StreamWriter):
+        loop = asyncio.get_running_loop()
+        try:
+            while (item := await queue.get()) is not None:
+                due, piece = item
+                delay = due - (loop.time() - self._t0)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                dst.write(piece)
+                await dst.drain()
+        except ConnectionError:
             pass
         finally:
             with contextlib.suppress(Exception):
@@ -58,3 +96,11 @@ class CountingProxy:
             await self._server.wait_closed()
         for t in list(self._tasks):
             t.cancel()
+
+
+class CountingProxy(LinkProxy):
+    """A pass-through proxy that only counts bytes each way."""
+
+    def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1",
+                 listen_port: int = 0):
+        super().__init__(target_host, target_port, listen_host, listen_port, spec=None)
