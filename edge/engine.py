@@ -106,7 +106,7 @@ class EdgeEngine:
         if cfg.mode != "ar" and self.drafter is None:
             raise ValueError(f"mode {cfg.mode!r} needs a drafter")
         run = _Run(self, list(prompt), cfg, on_tokens, seq)
-        delay = cfg.backoff_s
+        delay, failures, progress = cfg.backoff_s, 0, 0
         while not run.finished:
             try:
                 await (run.ar() if cfg.mode == "ar" else run.speculate())
@@ -115,9 +115,12 @@ class EdgeEngine:
                 if code not in (None, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
                                 grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
                     raise  # a refusal (bad request, auth, vocab): retrying cannot help
-                if run.stats.reconnects >= cfg.max_reconnects:
+                if len(run.out) > progress:  # the last session got somewhere: a new outage
+                    delay, failures, progress = cfg.backoff_s, 0, len(run.out)
+                if failures >= cfg.max_reconnects:
                     raise ConnectionError(f"verifier unreachable after {cfg.max_reconnects} "
                                           f"reconnects: {e}") from e
+                failures += 1
                 run.stats.reconnects += 1
                 log.warning("verifier connection lost (%s); reconnecting in %.2f s with %d "
                             "committed tokens", code.name if code else e, delay, len(run.out))
