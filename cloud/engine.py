@@ -88,13 +88,27 @@ class Engine:
 
     async def extend(self, session: TreeSession, first_id: int, tokens: np.ndarray,
                      parents: np.ndarray) -> list[NodeScore]:
-        req = session.plan_extend(first_id, tokens, parents)
+        return (await self.extend_many(session, [(first_id, tokens, parents)]))[0]
+
+    async def extend_many(self, session: TreeSession, extends: Sequence[tuple]
+                          ) -> list[list[NodeScore]]:
+        """Score several consecutive Extends of one session in one forward pass (the edge
+        pipelines them while the target is busy). extends: [(first_id, tokens, parents)]."""
+        first_id, reqs = extends[0][0], []
         try:
-            logits = await self.batcher.score(req)
+            for fid, tokens, parents in extends:
+                reqs.append(session.plan_extend(fid, tokens, parents))
+            merged = Request([t for r in reqs for t in r.tokens], session.cache,
+                             [p for r in reqs for p in r.parents])
+            logits = await self.batcher.score(merged)
         except BaseException:
-            session.abandon(first_id, len(tokens))
+            session.abandon(first_id, sum(len(t) for _, t, _ in extends))
             raise
-        return session.finish_extend(first_id, logits)
+        out, offset = [], 0
+        for fid, tokens, _ in extends:
+            out.append(session.finish_extend(fid, logits[offset:offset + len(tokens)]))
+            offset += len(tokens)
+        return out
 
     def close(self, session_id: str | None) -> None:
         """Free a session's KV (on end, error or disconnect)."""

@@ -32,6 +32,13 @@ log = logging.getLogger(__name__)
 SESSION_KEY = "x-acespec-session"  # metadata a load balancer can hash on for stickiness
 
 
+def _coalescible(msg) -> bool:
+    """An Extend that may join the previous one's forward pass (a commit must wait: it may
+    name a node that pass has not scored yet)."""
+    return (not isinstance(msg, Exception) and msg is not grpc.aio.EOF
+            and msg.WhichOneof("msg") == "extend" and not msg.extend.HasField("commit"))
+
+
 class VerifierServicer(pb_grpc.VerifierServicer):
     def __init__(self, engine: Engine, auth_tokens: frozenset[str] = frozenset(),
                  idle_timeout_s: float = 300.0, default_params: ServeParams = ServeParams()):
@@ -123,30 +130,65 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         return res.session_id, res.session
 
     async def _loop(self, session, context) -> None:
-        greedy = session.params.sampling.greedy
+        """Process the stream in order. A reader runs ahead, so Extends that queue up while
+        the target is busy are scored together in one forward pass (one Scores each)."""
+        inbox: asyncio.Queue = asyncio.Queue()
+        reader = asyncio.create_task(self._read_ahead(context, inbox))
+        held = None
+        try:
+            while True:
+                msg, held = (held, None) if held is not None else (await inbox.get(), None)
+                if isinstance(msg, Exception):
+                    raise msg
+                if msg is grpc.aio.EOF:
+                    return
+                kind = msg.WhichOneof("msg")
+                if kind == "extend":
+                    group = [msg]
+                    while not inbox.empty() and held is None:
+                        nxt = inbox.get_nowait()
+                        if _coalescible(nxt):
+                            group.append(nxt)
+                        else:
+                            held = nxt
+                    await self._extend(session, group, context)
+                elif kind == "commit":
+                    session.commit(msg.commit.node_id)
+                elif kind == "more_tail":
+                    node_id, n = check_more_tail(msg.more_tail)
+                    ids, units = session.more_tail(node_id, n)
+                    await self._write(context, pb.Downlink(tail=pb.TailSamples(
+                        node_id=node_id, tail_token=ids.tolist(), tail_token_p=units.tolist())))
+                elif kind == "open":
+                    raise FailedPrecondition("second Open on one stream; open a new stream")
+                else:
+                    raise InvalidArgument("empty Uplink message (no field of the oneof is set)")
+        finally:
+            reader.cancel()
+
+    async def _read_ahead(self, context, inbox: asyncio.Queue) -> None:
         while True:
-            msg = await self._read(context)
+            try:
+                msg = await self._read(context)
+            except Exception as e:  # noqa: BLE001 - raised in order by the loop
+                await inbox.put(e)
+                return
+            await inbox.put(msg)
             if msg is grpc.aio.EOF:
                 return
-            kind = msg.WhichOneof("msg")
-            if kind == "extend":
-                if msg.extend.HasField("commit"):
-                    session.commit(msg.extend.commit)
-                nodes = decode_extend(msg.extend, session.next_id)
-                scores = await self.engine.extend(session, nodes.first_id, nodes.tokens,
-                                                  nodes.parents)
-                await self._write(context, pb.Downlink(scores=encode_scores(scores, greedy)))
-            elif kind == "commit":
-                session.commit(msg.commit.node_id)
-            elif kind == "more_tail":
-                node_id, n = check_more_tail(msg.more_tail)
-                ids, units = session.more_tail(node_id, n)
-                await self._write(context, pb.Downlink(tail=pb.TailSamples(
-                    node_id=node_id, tail_token=ids.tolist(), tail_token_p=units.tolist())))
-            elif kind == "open":
-                raise FailedPrecondition("second Open on one stream; open a new stream")
-            else:
-                raise InvalidArgument("empty Uplink message (no field of the oneof is set)")
+
+    async def _extend(self, session, group: list, context) -> None:
+        first = group[0].extend
+        if first.HasField("commit"):
+            session.commit(first.commit)
+        batches, next_id = [], session.next_id
+        for m in group:
+            nodes = decode_extend(m.extend, next_id)
+            batches.append((nodes.first_id, nodes.tokens, nodes.parents))
+            next_id += len(nodes.tokens)
+        greedy = session.params.sampling.greedy
+        for scores in await self.engine.extend_many(session, batches):
+            await self._write(context, pb.Downlink(scores=encode_scores(scores, greedy)))
 
     # -- Generate -------------------------------------------------------------------
 

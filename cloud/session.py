@@ -44,6 +44,7 @@ class TreeSession:
         self.nodes: dict[int, Node] = {}
         self.root = 0
         self.next_id = 0
+        self.pending = 0  # nodes planned for the next forward pass, not yet in the cache
 
     @property
     def live_nodes(self) -> int:
@@ -71,7 +72,7 @@ class TreeSession:
         if self.live_nodes + len(tokens) > self.max_live_nodes:
             raise ResourceExhausted(f"{self.live_nodes + len(tokens)} live nodes would exceed "
                                     f"max_live_nodes={self.max_live_nodes}; Commit first")
-        base = self.cache.length
+        base = self.cache.length + self.pending
         slots = []
         for i, p in enumerate(parents.tolist()):
             if p in self.nodes:
@@ -83,9 +84,11 @@ class TreeSession:
         for i, (t, p) in enumerate(zip(tokens.tolist(), parents.tolist())):
             self.nodes[first_id + i] = Node(token=t, parent=p, slot=base + i)
         self.next_id += len(tokens)
+        self.pending += len(tokens)
         return Request(tokens.tolist(), self.cache, slots)
 
     def finish_extend(self, first_id: int, logits: torch.Tensor) -> list[NodeScore]:
+        self.pending = 0
         rows = logits.numpy()
         out = []
         for i, row in enumerate(rows):
@@ -99,7 +102,7 @@ class TreeSession:
         their cache slots)."""
         for i in range(n):
             self.nodes.pop(first_id + i, None)
-        self.next_id = first_id
+        self.next_id, self.pending = first_id, 0
 
     # -- commit, tail ------------------------------------------------------------
 

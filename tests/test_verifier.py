@@ -200,3 +200,30 @@ def test_commit_riding_on_extend_equals_separate_commit(target):
 
     assert run(go(True)) == run(go(False))
     assert run(go(True))[1] == 2  # nodes 3 and 4 below the new root 2
+
+
+def test_extends_queued_while_busy_share_one_forward_pass(target):
+    model, vh, prompt = target
+    cfg = ServerConfig(emulation=StepEmulation(60))
+    chunks = [[10, 11], [12], [13, 14], [15]]
+
+    async def go(back_to_back):
+        async with running_verifier(model, vh, cfg) as (engine, addr), channel(addr) as ch:
+            s = CloudSession(ch)
+            await s.open(prompt, SAMPLED, 4, vh)
+            out = []
+            for c in chunks:
+                await s.extend(c)
+                if not back_to_back:
+                    out += await s.recv()
+            while back_to_back and len(out) < 6:
+                out += await s.recv()
+            return out, engine.batcher.forward_passes
+
+    pipelined, passes = run(go(True))
+    apart, passes_apart = run(go(False))
+    assert passes_apart == 1 + len(chunks)
+    assert passes <= 3  # open, the first Extend, then the three that queued behind it
+    for x, y in zip(pipelined, apart):
+        assert x.node_id == y.node_id and np.array_equal(x.units, y.units)
+        assert x.self_units == y.self_units and np.array_equal(x.tail_ids, y.tail_ids)
