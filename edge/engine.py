@@ -85,6 +85,15 @@ class Stats:
                 "seconds": round(self.seconds, 3)}
 
 
+@dataclass
+class _Flight:
+    """What is in flight on one session."""
+
+    in_flight: int = 0  # Extends whose Scores have not arrived
+    want_tail: bool = False  # a MoreTail is outstanding
+    sent_at: list[float] = field(default_factory=list)  # send times of those Extends
+
+
 class Lost(Exception):
     """The verifier connection failed; the engine reconnects."""
 
@@ -235,13 +244,14 @@ class _Run:
             await inbox.put(e)
 
     async def _drive(self, sess: CloudSession, tree: SpecTree, inbox: asyncio.Queue) -> None:
-        in_flight, want_tail = 0, False
-        sent_at: list[float] = []  # send times of Extends awaiting their Scores
+        fl = _Flight()
         while not self.finished:
+            while not inbox.empty():  # apply what has arrived before drafting further
+                self._take(inbox.get_nowait(), tree, fl)
             # sd verifies a chain only once all of it is scored (draft, send, wait, verify),
             # so its rounds - and the bonus at each chain's end - align however it resumes.
-            settled = self.cfg.mode != "sd" or in_flight == 0
-            if not want_tail and self.head is None and settled:
+            settled = self.cfg.mode != "sd" or fl.in_flight == 0
+            if not fl.want_tail and self.head is None and settled:
                 try:
                     res = walk(tree.root, self.cfg.serve.sampling.greedy, self._rng_at(1),
                                bonus_at_leaves=not self._will_draft(tree))
@@ -249,25 +259,28 @@ class _Run:
                 except NeedTail as e:
                     await sess.more_tail(e.node_id, 2)
                     self.stats.more_tail += 1
-                    want_tail = True
+                    fl.want_tail = True
             if self.finished:
                 return
-            if not want_tail and self._may_draft(tree, in_flight):
+            if not fl.want_tail and self._may_draft(tree, fl.in_flight):
                 await self._extend(sess, tree)
-                sent_at.append(time.perf_counter())
-                in_flight += 1
+                fl.sent_at.append(time.perf_counter())
+                fl.in_flight += 1
                 continue
-            msg = await inbox.get()
-            if isinstance(msg, Exception):
-                raise Lost(str(msg)) from msg
-            if isinstance(msg, Tail):
-                tree.add_tails(msg.node_id, msg.ids, msg.units)
-                want_tail = False
-            else:
-                in_flight -= 1
-                self.stats.round_trips.append(time.perf_counter() - sent_at.pop(0))
-                self.stats.target_forwards += 1
-                tree.apply_scores(msg)
+            self._take(await inbox.get(), tree, fl)
+
+    def _take(self, msg, tree: SpecTree, fl: _Flight) -> None:
+        """Apply one downlink message (or raise the reader's error)."""
+        if isinstance(msg, Exception):
+            raise Lost(str(msg)) from msg
+        if isinstance(msg, Tail):
+            tree.add_tails(msg.node_id, msg.ids, msg.units)
+            fl.want_tail = False
+        else:
+            fl.in_flight -= 1
+            self.stats.round_trips.append(time.perf_counter() - fl.sent_at.pop(0))
+            self.stats.target_forwards += 1
+            tree.apply_scores(msg)
 
     def _will_draft(self, tree: SpecTree) -> bool:
         """Pipeline drafts past every scored leaf until max_tokens: no bonus draws there."""
