@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 
 def add_parser(sub) -> None:
@@ -24,6 +25,78 @@ def add_parser(sub) -> None:
     lk.add_argument("--trace", help="CSV of time_s,kbps replacing --up/--down")
     lk.add_argument("--seed", type=int, default=0)
     lk.set_defaults(func=run_link)
+
+
+def add_bench_parser(sub) -> None:
+    from acespec.models import DEMO_DRAFTER
+
+    b = sub.add_parser(
+        "bench", help="side-by-side benchmark of the modes through emulated links",
+        description="Start the verifier (with a big-model step-time profile), a link emulator "
+        "and the edge; run every mode on every prompt through the same link; report tokens/s, "
+        "TTFT, inter-token latency, acceptance, wire bytes/token (socket level), target "
+        "forwards/token, the ideal bound and speedups over ar and sd.")
+    b.add_argument("--link", default="50kbit:50ms", help="RATE:RTT list, or 'loopback' "
+                   "(default: %(default)s)")
+    b.add_argument("--modes", default="ar,sd,pipeline")
+    b.add_argument("--prompts", help="JSONL of {id, category, prompt} (default: shipped set)")
+    b.add_argument("--per-category", type=int, default=10, help="prompts per category")
+    b.add_argument("--max-tokens", type=int, default=64)
+    b.add_argument("--depth", type=int, default=4)
+    b.add_argument("--window", type=int, default=16)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--emulate-step-ms", default="40,0.5", metavar="T0[,PER_NODE]",
+                   help="TESTBED step-time profile of the verifier (default: %(default)s)")
+    b.add_argument("--model", default="", help="target HF folder (default: the demo target)")
+    b.add_argument("--drafter", default=str(DEMO_DRAFTER))
+    b.add_argument("--out", help="write results JSON here")
+    b.add_argument("--plot", help="write PNG plots into this folder")
+    b.set_defaults(func=run_bench_cli)
+
+
+def run_bench_cli(args) -> int:
+    import asyncio
+    import json
+
+    from acespec.sim.bench import (
+        BenchConfig,
+        by_category,
+        load_prompts,
+        markdown,
+        parse_links,
+        plot,
+        progress_bar,
+        run_bench,
+        summarize,
+    )
+
+    try:
+        cfg = BenchConfig(links=parse_links(args.link), modes=tuple(args.modes.split(",")),
+                          max_tokens=args.max_tokens, depth=args.depth, window=args.window,
+                          temperature=args.temperature, emulate=args.emulate_step_ms,
+                          per_category=args.per_category)
+        bad = [m for m in cfg.modes if m not in ("ar", "sd", "pipeline")]
+        if bad:
+            raise ValueError(f"unknown modes {bad}; available: ar, sd, pipeline")
+        prompts = load_prompts(args.prompts, args.per_category)
+    except (ValueError, OSError) as e:
+        print(f"acespec bench: error: {e}", file=sys.stderr)
+        return 2
+    records = asyncio.run(run_bench(cfg, args.model, args.drafter, prompts, progress_bar))
+    summary, cats = summarize(records, cfg), by_category(records)
+    print(f"profile: --emulate-step-ms {cfg.emulate}, depth {cfg.depth}, window {cfg.window}, "
+          f"{len(prompts)} prompts, {cfg.max_tokens} tokens each, temperature {cfg.temperature}")
+    print(markdown(summary))
+    if args.out:
+        from dataclasses import asdict
+
+        Path(args.out).write_text(json.dumps({"config": asdict(cfg), "summary": summary,
+                                              "by_category": cats, "runs": records},
+                                             indent=1, default=str))
+    if args.plot:
+        for f in plot(summary, cats, args.plot):
+            print(f"plot: {f}")
+    return 0
 
 
 def _hostport(text: str) -> tuple[str, int]:

@@ -1,0 +1,240 @@
+"""The real-system benchmark (DESIGN §8): verifier, emulated link and edge, every mode on
+every prompt through the same link, side by side in one run.
+
+Wire bytes are counted at the link proxy's sockets (HTTP/2 and gRPC framing included).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from acespec.sim.stages import LinkSpec, parse_rate, parse_time
+
+MODES = ("ar", "sd", "pipeline")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    links: tuple[tuple[str, LinkSpec], ...]  # (label, spec)
+    modes: tuple[str, ...] = MODES
+    max_tokens: int = 64
+    depth: int = 4
+    window: int = 16
+    temperature: float = 0.0
+    emulate: str = "40,0.5"  # the verifier's --emulate-step-ms profile
+    per_category: int = 10  # prompts per category
+    seed: int = 0
+
+
+def parse_links(text: str) -> tuple[tuple[str, LinkSpec], ...]:
+    """'50kbit:50ms,10mbit:10ms' -> ((label, LinkSpec), ...); 'none' = loopback, no shaping."""
+    out = []
+    for part in text.split(","):
+        if part.strip() in ("none", "loopback"):
+            out.append(("loopback", LinkSpec(1e12, 1e12, 0.0)))
+            continue
+        rate, _, rtt = part.partition(":")
+        bps = parse_rate(rate)
+        out.append((part.strip(), LinkSpec(bps, bps, parse_time(rtt or "0ms"))))
+    return tuple(out)
+
+
+def load_prompts(path: str | None = None, per_category: int = 10) -> list[dict]:
+    """The shipped prompt set (5 categories x 10) or a JSONL of {id, category, prompt}."""
+    text = Path(path).read_text() if path else \
+        resources.files("acespec.sim").joinpath("data/bench_prompts.jsonl").read_text()
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    seen: dict[str, int] = {}
+    keep = []
+    for r in rows:
+        if seen.get(r["category"], 0) < per_category:
+            seen[r["category"]] = seen.get(r["category"], 0) + 1
+            keep.append(r)
+    return keep
+
+
+async def run_bench(cfg: BenchConfig, model_dir: str, drafter_path: str,
+                    prompts: list[dict], progress=None) -> list[dict]:
+    """One record per (link, mode, prompt)."""
+    from acespec.cloud.batcher import StepEmulation
+    from acespec.cloud.server import ServerConfig, create_server, load_engine
+    from acespec.edge.client import channel
+    from acespec.edge.engine import EdgeEngine, EngineConfig
+    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.text import TextCodec
+    from acespec.shared.config import SamplingParams
+    from acespec.shared.served import ServeParams
+    from acespec.sim.proxy import LinkProxy
+
+    scfg = ServerConfig(model=model_dir, host="127.0.0.1", port=0,
+                        emulation=StepEmulation.parse(cfg.emulate))
+    engine = load_engine(scfg)
+    server, port = await create_server(engine, scfg)
+    drafter = LlamaDrafter(drafter_path, LlamaDrafterConfig(n_seq_max=2))
+    codec = TextCodec.from_drafter(drafter)
+    records, total, done = [], len(cfg.links) * len(cfg.modes) * len(prompts), 0
+    try:
+        for label, spec in cfg.links:
+            proxy = LinkProxy("127.0.0.1", port, spec=spec, seed=cfg.seed)
+            # One long-lived connection per link, as an edge keeps it: per-token bytes then
+            # measure steady state, not a TCP/HTTP-2 handshake per request.
+            ch = channel(f"127.0.0.1:{await proxy.start()}")
+            for mode in cfg.modes:
+                edge = EdgeEngine(lambda ch=ch: ch, codec.vocab_hash,
+                                  None if mode == "ar" else drafter, owns_channels=False)
+                for p in prompts:
+                    ecfg = EngineConfig(mode=mode, depth=cfg.depth, window=cfg.window,
+                                        serve=ServeParams(SamplingParams(cfg.temperature)),
+                                        seed=cfg.seed, max_tokens=cfg.max_tokens)
+                    before = (proxy.counts.up, proxy.counts.down)
+                    stamps: list[float] = []
+                    t0 = time.perf_counter()
+                    out, stats = await edge.generate(
+                        codec.encode(p["prompt"]), ecfg,
+                        lambda ids, st, stamp=stamps.append: stamp(time.perf_counter()))
+                    records.append(_record(label, spec, mode, p, stats, stamps, t0,
+                                           proxy.counts.up - before[0],
+                                           proxy.counts.down - before[1]))
+                    done += 1
+                    if progress:
+                        progress(done, total, label, mode, p["id"])
+            await ch.close()
+            await proxy.stop()
+    finally:
+        await server.stop(0)
+        await engine.close_all()
+    return records
+
+
+def _record(label, spec, mode, p, stats, stamps, t0, up, down) -> dict:
+    gaps = np.diff(stamps) * 1000 if len(stamps) > 1 else np.zeros(1)
+    n = max(stats.tokens, 1)
+    return {"link": label, "up_bps": spec.up_bps, "rtt_ms": spec.rtt_s * 1000, "mode": mode,
+            "category": p["category"], "prompt": p["id"], **{
+                k: v for k, v in stats.as_dict().items() if k not in ("wire_bytes_up",
+                                                                     "wire_bytes_down")},
+            "wire_bytes_up": up, "wire_bytes_down": down,
+            "wire_bytes_up_per_token": round(up / n, 2),
+            "wire_bytes_down_per_token": round(down / n, 2),
+            "ttft_s": round(stamps[0] - t0, 4) if stamps else None,
+            "itl_p50_ms": round(float(np.percentile(gaps, 50)), 2),
+            "itl_p99_ms": round(float(np.percentile(gaps, 99)), 2),
+            "cache_hit_rate": 0.0}
+
+
+def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
+    """Per (link, mode): throughput, latency, acceptance, bytes, forwards, ideal-bound ratio
+    and speedups over ar and sd measured in the same run."""
+    from acespec.cloud.batcher import StepEmulation
+
+    emu = StepEmulation.parse(cfg.emulate)
+    step_s = emu.seconds(cfg.depth + 1) or None
+    rows = []
+    for label in dict.fromkeys(r["link"] for r in records):
+        per_mode = {}
+        for mode in dict.fromkeys(r["mode"] for r in records):
+            rs = [r for r in records if r["link"] == label and r["mode"] == mode]
+            if not rs:
+                continue
+            tok = sum(r["tokens"] for r in rs)
+            sec = sum(r["seconds"] for r in rs)
+            rounds = sum(r["rounds"] for r in rs)
+            per_mode[mode] = {
+                "link": label, "mode": mode, "tokens": tok,
+                "tokens_per_s": round(tok / sec, 2),
+                "ttft_s": round(float(np.mean([r["ttft_s"] for r in rs])), 3),
+                "itl_p50_ms": round(float(np.median([r["itl_p50_ms"] for r in rs])), 1),
+                "itl_p99_ms": round(float(np.percentile([r["itl_p99_ms"] for r in rs], 99)), 1),
+                "mean_acceptance_length": round(tok / max(rounds, 1), 3),
+                "cache_hit_rate": 0.0,
+                "wire_bytes_up_per_token": round(sum(r["wire_bytes_up"] for r in rs) / tok, 2),
+                "wire_bytes_down_per_token": round(sum(r["wire_bytes_down"] for r in rs) / tok, 2),
+                "target_forwards_per_token": round(sum(r["target_forwards"] for r in rs) / tok, 3),
+            }
+        sd_al = per_mode.get("sd", {}).get("mean_acceptance_length")
+        for m in per_mode.values():
+            for base in ("ar", "sd"):
+                if base in per_mode:
+                    m[f"speedup_vs_{base}"] = round(m["tokens_per_s"] /
+                                                   per_mode[base]["tokens_per_s"], 2)
+            if sd_al and step_s:
+                m["ideal_tokens_per_s"] = round(sd_al / step_s, 2)
+                m["ratio_to_ideal"] = round(m["tokens_per_s"] / m["ideal_tokens_per_s"], 3)
+            rows.append(m)
+    return rows
+
+
+def by_category(records: list[dict]) -> list[dict]:
+    out = []
+    keys = dict.fromkeys((r["link"], r["mode"], r["category"]) for r in records)
+    for link, mode, cat in keys:
+        rs = [r for r in records if (r["link"], r["mode"], r["category"]) == (link, mode, cat)]
+        tok, sec = sum(r["tokens"] for r in rs), sum(r["seconds"] for r in rs)
+        rounds = sum(r["rounds"] for r in rs)
+        out.append({"link": link, "mode": mode, "category": cat,
+                    "tokens_per_s": round(tok / sec, 2),
+                    "mean_acceptance_length": round(tok / max(rounds, 1), 3)})
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def plot(summary: list[dict], cats: list[dict], folder: str) -> list[Path]:
+    """PNG plots: tokens/s per link and mode; wire bytes/token; acceptance by category."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    links = list(dict.fromkeys(r["link"] for r in summary))
+    modes = list(dict.fromkeys(r["mode"] for r in summary))
+    files = []
+    for metric, name in (("tokens_per_s", "tokens_per_s.png"),
+                         ("wire_bytes_up_per_token", "bytes_per_token.png")):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for m in modes:
+            ax.plot(links, [next((r[metric] for r in summary if r["link"] == lk and
+                                  r["mode"] == m), np.nan) for lk in links], "o-", label=m)
+        ax.set_xlabel("link")
+        ax.set_ylabel(metric)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / name)
+        plt.close(fig)
+        files.append(out / name)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    categories = list(dict.fromkeys(r["category"] for r in cats))
+    for m in (x for x in modes if x != "ar"):
+        ax.bar([f"{c}\n{m}" for c in categories],
+               [np.mean([r["mean_acceptance_length"] for r in cats
+                         if r["mode"] == m and r["category"] == c]) for c in categories])
+    ax.set_ylabel("mean acceptance length")
+    fig.tight_layout()
+    fig.savefig(out / "acceptance_by_category.png")
+    plt.close(fig)
+    files.append(out / "acceptance_by_category.png")
+    return files
+
+
+def progress_bar(done: int, total: int, link: str, mode: str, prompt: str) -> None:
+    width = 30
+    filled = int(width * done / total)
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
+                     f"{link} {mode} {prompt:<14}")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
