@@ -19,6 +19,8 @@ def add_parser(sub) -> None:
     s.add_argument("--port", type=int, default=50051, help="gRPC port, 0 = any (default: %(default)s)")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     s.add_argument("--device", default="cpu", help="torch device, e.g. cuda:0 (default: cpu)")
+    s.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (default 0: 1 for models under 50M parameters)")
     s.add_argument("--auth-token-file", help="file with one accepted bearer token per line")
     s.add_argument("--tls-cert", help="PEM certificate chain (with --tls-key)")
     s.add_argument("--tls-key", help="PEM private key (with --tls-cert)")
@@ -74,7 +76,7 @@ def run_serve(args) -> int:
     try:
         cfg = ServerConfig(
             model=args.model, host=args.host, port=args.port, dtype=args.dtype,
-            device=args.device, idle_timeout_s=args.idle_timeout,
+            device=args.device, threads=args.threads, idle_timeout_s=args.idle_timeout,
             limits=Limits(max_sessions=args.max_sessions, max_live_nodes=args.max_live_nodes,
                           max_prompt_tokens=args.max_prompt_tokens),
             auth_tokens=_tokens(args.auth_token_file), tls_cert=args.tls_cert,
