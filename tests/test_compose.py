@@ -1,0 +1,36 @@
+"""docker-compose.yml against the Compose Specification schema (no Docker engine here), and
+the images' separation: the cloud image has no llama.cpp, the edge image no torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+jsonschema = pytest.importorskip("jsonschema")
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_compose_file_is_valid_against_the_spec():
+    schema = json.loads((ROOT / "tests/data/compose_spec.json").read_text())
+    doc = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    jsonschema.Draft201909Validator(schema).validate(doc)
+    services = doc["services"]
+    assert {"cloud", "wan", "edge", "wan-tc", "bench", "test"} <= set(services)
+    assert services["wan-tc"]["cap_add"] == ["NET_ADMIN"]
+    for name in ("bench", "test", "wan-tc"):
+        assert services[name]["profiles"]
+    for svc in services.values():
+        dockerfile = svc.get("build", {}).get("dockerfile")
+        if dockerfile:
+            assert (ROOT / dockerfile).is_file(), dockerfile
+
+
+def test_images_keep_the_sides_apart():
+    cloud = (ROOT / "docker/Dockerfile.cloud").read_text()
+    edge = (ROOT / "docker/Dockerfile.edge").read_text()
+    assert "'.[cloud]'" in cloud and "llama" not in cloud.replace("No llama.cpp", "")
+    assert "'.[edge]'" in edge and "find_spec('torch') is None" in edge
