@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
                    help="drafter GGUF, or 'ngram' (default: the demo drafter)")
     g.add_argument("--tokenizer", default=str(DEMO_TARGET),
                    help="tokenizer.json or its folder, used with --drafter ngram")
-    g.add_argument("--mode", default="pipeline", choices=["ar", "sd", "pipeline"])
+    g.add_argument("--mode", default="pipeline", choices=["ar", "sd", "pipeline", "acespec"])
     g.add_argument("--depth", type=int, default=4, help="drafts per Extend")
     g.add_argument("--window", type=int, default=16, help="live nodes in pipeline mode")
     g.add_argument("--max-tokens", type=int, default=128)
@@ -50,7 +50,7 @@ def add_parser(sub) -> None:
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--cloud", default="localhost:50051", help="verifier HOST:PORT")
     sv.add_argument("--drafter", default=str(DEMO_DRAFTER), help="drafter GGUF")
-    sv.add_argument("--mode", default="pipeline", choices=["ar", "sd", "pipeline"])
+    sv.add_argument("--mode", default="pipeline", choices=["ar", "sd", "pipeline", "acespec"])
     sv.add_argument("--depth", type=int, default=4)
     sv.add_argument("--window", type=int, default=16)
     sv.add_argument("--send-mass", type=float, default=0.9)

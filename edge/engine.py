@@ -24,12 +24,13 @@ import numpy as np
 
 from acespec.edge.client import FRAMING, CloudSession, Tail, generate
 from acespec.edge.spec_tree import SpecTree
+from acespec.edge.state_cache import AcceptanceModel, CacheConfig, CacheStats, plan
 from acespec.shared.sampling import PositionalRng
 from acespec.shared.served import ServeParams
 from acespec.shared.walk import NeedTail, walk
 
 log = logging.getLogger(__name__)
-MODES = ("ar", "sd", "pipeline")
+MODES = ("ar", "sd", "pipeline", "acespec")
 
 
 
@@ -44,6 +45,7 @@ class EngineConfig:
     stop_ids: frozenset[int] = frozenset()
     max_reconnects: int = 8
     backoff_s: float = 0.25  # first reconnect delay, doubled each time (max 8 s)
+    cache: CacheConfig = field(default_factory=CacheConfig)  # acespec mode only
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -66,6 +68,8 @@ class Stats:
     seconds: float = 0.0
     first_token_s: float | None = None
     round_trips: list[float] = field(default_factory=list)  # Extend sent -> its Scores, seconds
+    cache: CacheStats = field(default_factory=CacheStats)  # acespec mode
+    budgets: dict | None = None  # acespec mode: the state cache's budgets in force
 
     def as_dict(self) -> dict:
         t = max(self.tokens, 1)
@@ -81,6 +85,10 @@ class Stats:
                 "reconnects": self.reconnects, "more_tail": self.more_tail,
                 "rtt_ms": round(1000 * float(np.median(self.round_trips)), 2)
                 if self.round_trips else None,
+                "cache_hit_rate": round(self.cache.hit_rate, 3),
+                "cache_rejections": self.cache.rejections, "cache_hits": self.cache.hits,
+                "branches_uploaded": self.cache.branches_uploaded,
+                "branch_nodes_scored": self.cache.branch_nodes, "budgets": self.budgets,
                 "ttft_s": round(self.first_token_s, 4) if self.first_token_s is not None else None,
                 "seconds": round(self.seconds, 3)}
 
@@ -108,13 +116,15 @@ class EdgeEngine:
 
     async def generate(self, prompt: Sequence[int], cfg: EngineConfig,
                        on_tokens: Callable[[list[int], Stats], None] | None = None,
-                       seq: int = 0) -> tuple[list[int], Stats]:
+                       seq: int = 0, branch_seq: int | None = None) -> tuple[list[int], Stats]:
         """Decode up to cfg.max_tokens after `prompt`; returns (tokens, stats). on_tokens is
         called with each newly committed token (and the running stats). `seq` is the
-        drafter sequence this request may use (one per concurrent request)."""
+        drafter sequence this request may use (one per concurrent request); acespec mode
+        builds its branches on `branch_seq` (default seq + 1)."""
         if cfg.mode != "ar" and self.drafter is None:
             raise ValueError(f"mode {cfg.mode!r} needs a drafter")
-        run = _Run(self, list(prompt), cfg, on_tokens, seq)
+        run = _Run(self, list(prompt), cfg, on_tokens, seq,
+                   seq + 1 if branch_seq is None else branch_seq)
         delay, failures, progress = cfg.backoff_s, 0, 0
         while not run.finished:
             try:
@@ -143,9 +153,10 @@ class _Run:
     """State of one request across reconnects."""
 
     def __init__(self, engine: EdgeEngine, prompt: list[int], cfg: EngineConfig, on_tokens,
-                 seq: int):
+                 seq: int, branch_seq: int):
         self.e, self.prompt, self.cfg, self.on_tokens = engine, prompt, cfg, on_tokens
-        self.seq = seq
+        self.seq, self.branch_seq = seq, branch_seq
+        self.acc = AcceptanceModel()
         self.out: list[int] = []
         self.stats = Stats()
         self.t0 = time.perf_counter()
@@ -217,7 +228,7 @@ class _Run:
             # Commits ride on the next Extend, so the verifier frees dead and committed
             # nodes one Extend later than the edge does: it may hold up to twice the window.
             root = await sess.open(context, self.cfg.serve, self.cfg.seed, self.e.vocab_hash,
-                                   max_live_nodes=2 * (self.cfg.window + self.cfg.depth) + 2)
+                                   max_live_nodes=self._live_limit())
             self.pending_commit = None  # node id to commit with the next Extend
             self.stats.target_forwards += 1
             tree = SpecTree(context[-1], len(context) - 1, root)
@@ -269,8 +280,17 @@ class _Run:
                 continue
             self._take(await inbox.get(), tree, fl)
 
+    def _live_limit(self) -> int:
+        """Live nodes the verifier must allow: the window, a chunk, and in acespec mode the
+        branches of every chunk in flight; twice, as commits ride one Extend late."""
+        c = self.cfg
+        branches = (c.window // c.depth + 1) * int(c.cache.cloud_nodes) if c.mode == "acespec" else 0
+        return 2 * (c.window + c.depth + branches) + 2
+
     def _take(self, msg, tree: SpecTree, fl: _Flight) -> None:
         """Apply one downlink message (or raise the reader's error)."""
+        if isinstance(msg, grpc.aio.AioRpcError) and msg.code() != grpc.StatusCode.UNAVAILABLE:
+            raise msg  # a refusal from the verifier: the caller decides, no blind retry
         if isinstance(msg, Exception):
             raise Lost(str(msg)) from msg
         if isinstance(msg, Tail):
@@ -284,8 +304,12 @@ class _Run:
 
     def _will_draft(self, tree: SpecTree) -> bool:
         """Pipeline drafts past every scored leaf until max_tokens: no bonus draws there."""
-        return (self.cfg.mode == "pipeline" and
+        return (self.cfg.mode in ("pipeline", "acespec") and
                 len(self.out) + len(tree.path_tokens(tree.tip)) < self.cfg.max_tokens)
+
+    def _main_live(self, tree: SpecTree) -> int:
+        """Live nodes of the main chain (branches have their own budget)."""
+        return len(tree.path_tokens(tree.tip))
 
     def _may_draft(self, tree: SpecTree, in_flight: int) -> bool:
         if self.head is not None:
@@ -294,12 +318,13 @@ class _Run:
             return False
         if self.cfg.mode == "sd":
             return in_flight == 0
-        return tree.live() + self.cfg.depth <= self.cfg.window
+        return self._main_live(tree) + self.cfg.depth <= self.cfg.window
 
     async def _apply(self, sess: CloudSession, tree: SpecTree, res) -> None:
         """Take what the walk decided: commit it; after a rejection or a bonus, the decided
         token waits in self.head to lead the next Extend."""
         self.stats.accepted += res.accepted
+        self._learn(tree.root, res)
         if res.tokens:
             log.debug("walk from position %d decided %s (%s)", tree.root.position + 1,
                       res.tokens, "waiting" if res.waiting else "done")
@@ -316,7 +341,8 @@ class _Run:
         self.head = (res.end, res.tokens[-1])
 
     async def _extend(self, sess: CloudSession, tree: SpecTree) -> None:
-        """Draft at the tip and send the chain (led by the decided head token, if any)."""
+        """Draft at the tip and send the chain (led by the decided head token, if any), plus
+        the state cache's branches in acespec mode, as one Extend."""
         head = self.head
         parent = head[0] if head else tree.tip
         lead = [head[1]] if head else []
@@ -326,12 +352,20 @@ class _Run:
         draft = self.e.drafter.propose(context, n, self.cfg.serve.sampling,
                                        self._draft_rng(len(context)), seq=self.seq)
         self.stats.drafted += len(draft)
-        tokens = lead + draft.tokens.tolist()
-        log.debug("extend at position %d: lead %s drafts %s", len(context), lead,
-                  draft.tokens.tolist())
+        branches = self._branches(context, draft) if self.cfg.mode == "acespec" else []
+        log.debug("extend at position %d: lead %s drafts %s, %d branches", len(context), lead,
+                  draft.tokens.tolist(), len(branches))
         first = sess.next_id
-        await sess.extend(tokens, [parent.node_id] + [first + i for i in range(len(tokens) - 1)],
-                          commit=self.pending_commit)
+        chain = lead + draft.tokens.tolist()
+        ids = list(range(first, first + len(chain)))  # node ids of the chain
+        parents = [parent.node_id] + ids[:-1]
+        tokens, base = list(chain), first + len(chain)
+        anchor = ([parent.node_id] if not head else [first]) + ids[len(lead):]  # node before draft j
+        for br, toks, _ in branches:
+            tokens += toks
+            parents += [anchor[br.j]] + list(range(base, base + len(toks) - 1))
+            base += len(toks)
+        await sess.extend(tokens, parents, commit=self.pending_commit)
         self.pending_commit = None
         if head:
             node = tree.add(first, lead, parent, None)[0]
@@ -340,8 +374,58 @@ class _Run:
             made = tree.add(first + 1, draft.tokens, node, draft.q)
             self.head = None
         else:
+            node = parent
             made = tree.add(first, draft.tokens, parent, draft.q)
+        chain_nodes = [node] + made
+        nid = first + len(chain)
+        for br, toks, qs in branches:
+            root = tree.add(nid, toks[:1], chain_nodes[br.j], None)[0]
+            tree.add(nid + 1, toks[1:], root, qs)
+            nid += len(toks)
+            self.stats.cache.branches_uploaded += 1
+            self.stats.cache.branch_nodes += len(toks)
         tree.tip = made[-1]
+
+    def _branches(self, context: list[int], draft) -> list[tuple]:
+        """Plan and draft recovery branches for this chunk: [(Branch, tokens, qs)]."""
+        c = self.cfg.cache
+        rtt = float(np.median(self.stats.round_trips[-8:])) if self.stats.round_trips else 0.1
+        token_s = rtt / max(1.0, self.cfg.depth)
+        plans = plan(draft.q, draft.tokens, self.acc, c, saved_s=rtt, token_s=token_s,
+                     kv_per_token=4096.0, draft_ms=1.0, down_per_node=4.0)
+        self.stats.budgets = dict(zip(("edge_kv_bytes", "draft_ms", "uplink_bytes",
+                                       "downlink_bytes", "cloud_nodes"), c.budgets().tolist()))
+        out = []
+        for br in plans:
+            prefix = context + draft.tokens[:br.j].tolist() + [br.token]
+            qs = None
+            toks = [br.token]
+            if br.depth:
+                if hasattr(self.e.drafter, "fork"):
+                    self.e.drafter.fork(self.seq, self.branch_seq, len(prefix) - 1)
+                d = self.e.drafter.propose(prefix, br.depth, self.cfg.serve.sampling,
+                                           self._draft_rng(len(prefix)), seq=self.branch_seq)
+                toks += d.tokens.tolist()
+                qs = d.q
+                self.stats.drafted += len(d)
+            out.append((br, toks, qs))
+        return out
+
+    def _learn(self, root, res) -> None:
+        """Feed the verdicts of this walk to the acceptance model and the cache stats."""
+        n = root
+        for t in res.tokens:
+            x = n.drafted
+            if x is not None and x.q is not None:
+                self.acc.update(float(x.q[x.token]), t == x.token)
+                if t != x.token:
+                    self.stats.cache.rejections += 1
+                    if t in n.children:
+                        self.stats.cache.hits += 1
+            nxt = n.children.get(t)
+            if nxt is None:
+                break
+            n = nxt
 
     def _draft_rng(self, position: int) -> PositionalRng:
         """Uniforms for drafts at position, position+1, ...: keyed by position, not chunk."""

@@ -68,8 +68,11 @@ class SpecTree:
             keep[n.node_id] = n
             stack.extend(n.children.values())
         self.nodes, self.root = keep, node
-        if self.tip.node_id not in keep:
-            self.tip = node
+        if self.tip.node_id not in keep:  # e.g. the walk went into a branch: follow its drafts
+            tip = node
+            while tip.drafted is not None:
+                tip = tip.drafted
+            self.tip = tip
 
     def cut_below(self, node: TreeNode) -> None:
         """Every node below `node` is dead (a rejection there); the tip returns to it."""

@@ -125,8 +125,7 @@ def _record(label, spec, mode, p, stats, stamps, t0, up, down) -> dict:
             "wire_bytes_down_per_token": round(down / n, 2),
             "ttft_s": round(stamps[0] - t0, 4) if stamps else None,
             "itl_p50_ms": round(float(np.percentile(gaps, 50)), 2),
-            "itl_p99_ms": round(float(np.percentile(gaps, 99)), 2),
-            "cache_hit_rate": 0.0}
+            "itl_p99_ms": round(float(np.percentile(gaps, 99)), 2)}
 
 
 def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
@@ -153,7 +152,8 @@ def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
                 "itl_p50_ms": round(float(np.median([r["itl_p50_ms"] for r in rs])), 1),
                 "itl_p99_ms": round(float(np.percentile([r["itl_p99_ms"] for r in rs], 99)), 1),
                 "mean_acceptance_length": round(tok / max(rounds, 1), 3),
-                "cache_hit_rate": 0.0,
+                "cache_hit_rate": round(sum(r["cache_hits"] for r in rs) /
+                                        max(1, sum(r["cache_rejections"] for r in rs)), 3),
                 "wire_bytes_up_per_token": round(sum(r["wire_bytes_up"] for r in rs) / tok, 2),
                 "wire_bytes_down_per_token": round(sum(r["wire_bytes_down"] for r in rs) / tok, 2),
                 "target_forwards_per_token": round(sum(r["target_forwards"] for r in rs) / tok, 3),

@@ -75,9 +75,9 @@ def run_bench_cli(args) -> int:
                           max_tokens=args.max_tokens, depth=args.depth, window=args.window,
                           temperature=args.temperature, emulate=args.emulate_step_ms,
                           per_category=args.per_category)
-        bad = [m for m in cfg.modes if m not in ("ar", "sd", "pipeline")]
+        bad = [m for m in cfg.modes if m not in ("ar", "sd", "pipeline", "acespec")]
         if bad:
-            raise ValueError(f"unknown modes {bad}; available: ar, sd, pipeline")
+            raise ValueError(f"unknown modes {bad}; available: ar, sd, pipeline, acespec")
         prompts = load_prompts(args.prompts, args.per_category)
     except (ValueError, OSError) as e:
         print(f"acespec bench: error: {e}", file=sys.stderr)

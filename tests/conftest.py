@@ -123,3 +123,21 @@ def tiny_hf_dir(tiny_pair):
     if not (out / "config.json").is_file():
         export_hf(model, tok_dir, out, tok.bos_id, tok.eos_id)
     return out
+
+
+@pytest.fixture(scope="session")
+def noisy_gguf(tiny_pair):
+    """A drafter close to the tiny target but not equal to it (weights plus noise), so drafts
+    are rejected now and then: a realistic (drafter, target) relation for the engine tests."""
+    import copy
+
+    from acespec.models.gguf_export import export_gguf
+
+    tok_dir, model, _ = tiny_pair
+    noisy = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in noisy.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=gen) * p.std() * 0.5)
+    return export_gguf(noisy, tok_dir, tok_dir / "noisy-q8_0.gguf", ftype="q8_0")

@@ -21,7 +21,7 @@ from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 
 from verifier_harness import run, running_verifier  # noqa: E402
 
-MODES = ("ar", "sd", "pipeline")
+MODES = ("ar", "sd", "pipeline", "acespec")
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +149,38 @@ def test_unreachable_cloud_is_a_clear_error(pair):
     with pytest.raises(ConnectionError, match="unreachable after 2 reconnects"):
         run(decode(f"127.0.0.1:{port}", tok.vocab_hash(), NgramDrafter(model.args.vocab_size),
                    tok.encode("x"), cfg))
+
+
+def test_acespec_hits_save_rounds_and_change_nothing(pair, noisy_gguf):
+    """Recovery branches are walked into only when the exactly drawn recovered token matches,
+    so acespec mode gives the very same text as pipeline for a seed; each hit is a rejection
+    that needed no new round (rounds = rejections - hits)."""
+    model, tok, ggufs = pair
+    prompt = tok.encode("def f(x):\n    return x +")
+    serve = ServeParams(SamplingParams(temperature=1.0, top_k=20))
+
+    async def go():
+        async with running_verifier(model, tok.vocab_hash()) as (_, addr):
+            d = LlamaDrafter(noisy_gguf, LlamaDrafterConfig(n_ctx=512, n_seq_max=2))
+            res = {}
+            for mode in ("pipeline", "acespec"):
+                total = [0, 0, 0, 0]
+                texts = []
+                for seed in range(4):
+                    cfg = EngineConfig(mode=mode, depth=3, window=9, max_tokens=40, serve=serve,
+                                       seed=seed)
+                    out, st = await decode(addr, tok.vocab_hash(), d, prompt, cfg)
+                    texts.append(out)
+                    for i, v in enumerate((st.rounds, st.cache.rejections, st.cache.hits,
+                                           st.cache.branches_uploaded)):
+                        total[i] += v
+                res[mode] = (texts, total)
+            return res
+
+    res = run(go())
+    assert res["acespec"][0] == res["pipeline"][0]
+    rounds, rejections, hits, uploaded = res["acespec"][1]
+    print("acespec totals: rounds, rejections, hits, uploaded =", res["acespec"][1])
+    assert uploaded > 0 and hits > 0
+    assert rounds == rejections - hits
+    assert res["pipeline"][1][2] == 0 and res["pipeline"][1][0] == res["pipeline"][1][1]
