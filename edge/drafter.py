@@ -18,6 +18,9 @@ class Draft:
 
     tokens: np.ndarray  # [n] int32 draft token ids
     q: np.ndarray  # [n, V] float64 draft distributions (after the request's sampling transform)
+    ranks: np.ndarray | None = None  # [n, V] float64 the drafter's plain softmax (T = 1): how
+    # likely the alternatives are, even when q is one-hot (greedy); the state cache ranks
+    # its guesses by it
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -392,7 +392,7 @@ class _Run:
         rtt = float(np.median(self.stats.round_trips[-8:])) if self.stats.round_trips else 0.1
         token_s = rtt / max(1.0, self.cfg.depth)
         plans = plan(draft.q, draft.tokens, self.acc, c, saved_s=rtt, token_s=token_s,
-                     kv_per_token=4096.0, draft_ms=1.0, down_per_node=4.0)
+                     kv_per_token=4096.0, draft_ms=1.0, down_per_node=4.0, ranks=draft.ranks)
         self.stats.budgets = dict(zip(("edge_kv_bytes", "draft_ms", "uplink_bytes",
                                        "downlink_bytes", "cloud_nodes"), c.budgets().tolist()))
         out = []

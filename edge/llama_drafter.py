@@ -39,6 +39,11 @@ class DrafterError(RuntimeError):
     """llama.cpp refused a model file or a decode call."""
 
 
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max())
+    return z / z.sum()
+
+
 def _silence(llama_cpp) -> None:
     global _LOG_CALLBACK
     if _LOG_CALLBACK is None:
@@ -188,14 +193,16 @@ class LlamaDrafter:
                 rng: np.random.Generator, seq: int = 0) -> Draft:
         """Draft n tokens after `context` in sequence `seq`; q after the sampling transform."""
         tokens = np.empty(n, dtype=np.int32)
-        qs = np.empty((n, self.vocab_size))
+        qs, ranks = np.empty((n, self.vocab_size)), np.empty((n, self.vocab_size))
         logits = self.next_logits(context, seq)
         for i in range(n):
             qs[i] = transform(logits[None], sampling)[0]
+            ranks[i] = qs[i] if sampling.temperature == 1.0 and not sampling.top_k \
+                and sampling.top_p == 1.0 else _softmax(logits)
             tokens[i] = draw(qs[i], sampling, rng)
             if i + 1 < n:
                 logits = self._feed(seq, [int(tokens[i])])[-1]
-        return Draft(tokens=tokens, q=qs)
+        return Draft(tokens=tokens, q=qs, ranks=ranks)
 
     def _feed(self, seq: int, tokens: list[int], all_logits: bool = False) -> np.ndarray:
         """Append tokens to `seq`'s KV in chunks of n_batch; logits [k, V] for the fed rows

@@ -79,16 +79,18 @@ class CacheStats:
 
 def plan(qs: np.ndarray, drafts: np.ndarray, acc: AcceptanceModel, cfg: CacheConfig,
          saved_s: float, token_s: float, kv_per_token: float, draft_ms: float,
-         down_per_node: float) -> list[Branch]:
-    """Branches worth building for one chunk: drafts [n] drawn from qs [n, V]."""
+         down_per_node: float, ranks: np.ndarray | None = None) -> list[Branch]:
+    """Branches worth building for one chunk: drafts [n] drawn from qs [n, V]; guesses are
+    ranked by `ranks` [n, V] (the drafter's plain softmax) when given, else by q."""
     cands, reach = [], 1.0
-    for j, (q, x) in enumerate(zip(qs, drafts)):
+    ranks = qs if ranks is None else ranks
+    for j, (q, r, x) in enumerate(zip(qs, ranks, drafts)):
         a = acc.p(float(q[x]))
         rej = reach * (1 - a)
-        others = np.argsort(-q)[: cfg.guesses + 1]
-        rest = max(1e-9, 1 - float(q[x]))
+        others = np.argsort(-r)[: cfg.guesses + 1]
+        rest = max(1e-9, 1 - float(r[x]))
         for c in (int(t) for t in others if t != x):
-            p_c = float(q[c]) / rest
+            p_c = float(r[c]) / rest
             if p_c <= 0:
                 continue
             root = (j, c, 0)

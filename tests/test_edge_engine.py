@@ -184,3 +184,28 @@ def test_acespec_hits_save_rounds_and_change_nothing(pair, noisy_gguf):
     assert uploaded > 0 and hits > 0
     assert rounds == rejections - hits
     assert res["pipeline"][1][2] == 0 and res["pipeline"][1][0] == res["pipeline"][1][1]
+
+
+def test_acespec_greedy_hits_and_equals_ar(pair, noisy_gguf):
+    """Under greedy decoding q is one-hot; the cache ranks guesses by the drafter's plain
+    softmax, so branches are built, some are hit, and the text still equals ar's."""
+    model, tok, _ = pair
+    prompt = tok.encode("class Config:\n    def __init__(self")
+
+    async def go():
+        async with running_verifier(model, tok.vocab_hash()) as (_, addr):
+            d = LlamaDrafter(noisy_gguf, LlamaDrafterConfig(n_ctx=512, n_seq_max=2))
+            out = {}
+            for mode in ("ar", "pipeline", "acespec"):
+                cfg = EngineConfig(mode=mode, depth=3, window=9, max_tokens=48)
+                out[mode] = await decode(addr, tok.vocab_hash(), d, prompt, cfg)
+            return out
+
+    out = run(go())
+    assert out["acespec"][0] == out["pipeline"][0] == out["ar"][0]
+    st = out["acespec"][1]
+    print("greedy acespec:", st.cache.rejections, "rejections,", st.cache.hits, "hits,",
+          st.cache.branches_uploaded, "branches")
+    assert st.cache.branches_uploaded > 0 and st.cache.hits > 0
+    # Each hit is a rejection that started no new chain: fewer restarts than pipeline.
+    assert st.rounds < out["pipeline"][1].rounds
