@@ -17,7 +17,7 @@ import numpy as np
 
 from acespec.sim.stages import LinkSpec, parse_rate, parse_time
 
-MODES = ("ar", "sd", "pipeline")
+MODES = ("ar", "sd", "pipeline", "acespec")
 
 
 @dataclass(frozen=True)

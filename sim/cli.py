@@ -38,7 +38,7 @@ def add_bench_parser(sub) -> None:
         "forwards/token, the ideal bound and speedups over ar and sd.")
     b.add_argument("--link", default="50kbit:50ms", help="RATE:RTT list, or 'loopback' "
                    "(default: %(default)s)")
-    b.add_argument("--modes", default="ar,sd,pipeline")
+    b.add_argument("--modes", default="ar,sd,pipeline,acespec")
     b.add_argument("--prompts", help="JSONL of {id, category, prompt} (default: shipped set)")
     b.add_argument("--per-category", type=int, default=10, help="prompts per category")
     b.add_argument("--max-tokens", type=int, default=64)

@@ -38,10 +38,10 @@ def test_bench_runs_every_mode_side_by_side(tiny_pair, tiny_hf_dir, tmp_path):
                       emulate="5,0.1", per_category=1)
     prompts = load_prompts(per_category=1)
     records = asyncio.run(run_bench(cfg, str(tiny_hf_dir), str(ggufs["q8_0"]), prompts))
-    assert len(records) == 2 * 3 * len(prompts)
+    assert len(records) == 2 * 4 * len(prompts)
     summary = summarize(records, cfg)
     assert {(r["link"], r["mode"]) for r in summary} == {
-        (lk, m) for lk in ("loopback", "500kbit:20ms") for m in ("ar", "sd", "pipeline")}
+        (lk, m) for lk in ("loopback", "500kbit:20ms") for m in ("ar", "sd", "pipeline", "acespec")}
     for row in summary:
         for k in KEYS:
             assert k in row, k
