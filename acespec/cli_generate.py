@@ -39,7 +39,7 @@ class CliError(Exception):
 
 
 def _load_pair(args):
-    from acespec.cloud.loader import load_model
+    from acespec.cloud.loader import load_model, set_threads
     from acespec.shared.tokenizer import Tokenizer
 
     model_dir = Path(args.model)
@@ -48,6 +48,7 @@ def _load_pair(args):
                        "pair with `acespec models build-demo` or pass --model DIR")
     tok = Tokenizer.load(model_dir)
     target = load_model(model_dir, dtype=args.dtype)
+    set_threads(target)
     if args.drafter == "ngram":
         from acespec.edge.ngram_drafter import NgramDrafter
 

@@ -40,13 +40,13 @@ class ServerConfig:
 
 
 def load_engine(cfg: ServerConfig, metrics=None) -> Engine:
-    from acespec.cloud.loader import load_model
+    from acespec.cloud.loader import load_model, set_threads
     from acespec.models import DEMO_TARGET
     from acespec.shared.tokenizer import Tokenizer
 
     path = Path(cfg.model or DEMO_TARGET)
     model = load_model(path, dtype=cfg.dtype, device=cfg.device)
-    _set_threads(model, cfg.threads)
+    set_threads(model, cfg.threads)
     vocab_hash = Tokenizer.load(path).vocab_hash()
     model_id = f"{path.resolve().name}:{model.args.arch}"
     if cfg.emulation.base_ms or cfg.emulation.per_node_ms:
@@ -54,21 +54,6 @@ def load_engine(cfg: ServerConfig, metrics=None) -> Engine:
                     "(--emulate-step-ms) to emulate a big target model",
                     cfg.emulation.base_ms, cfg.emulation.per_node_ms)
     return Engine(model, vocab_hash, model_id, cfg.limits, cfg.emulation, metrics)
-
-
-def _set_threads(model, threads: int) -> None:
-    """Small models run fastest on one CPU thread; more threads only add synchronisation,
-    which turns into long stalls on a busy machine (measured: a 25 ms step took 25-150 ms
-    with 2 threads beside another busy process, a steady 25 ms with 1)."""
-    import torch
-
-    if model.device.type != "cpu":
-        return
-    if threads <= 0:
-        small = sum(p.numel() for p in model.parameters()) < 50_000_000
-        threads = 1 if small else torch.get_num_threads()
-    torch.set_num_threads(threads)
-    log.info("target runs on %d CPU thread(s)", threads)
 
 
 async def create_server(engine: Engine, cfg: ServerConfig) -> tuple[grpc.aio.Server, int]:
