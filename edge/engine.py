@@ -23,74 +23,14 @@ import grpc
 import numpy as np
 
 from acespec.edge.client import FRAMING, CloudSession, Tail, generate
+from acespec.edge.engine_types import EngineConfig, Stats
 from acespec.edge.spec_tree import SpecTree
-from acespec.edge.state_cache import AcceptanceModel, CacheConfig, CacheStats, plan
+from acespec.edge.state_cache import AcceptanceModel, plan
 from acespec.shared.sampling import PositionalRng
-from acespec.shared.served import ServeParams
 from acespec.shared.walk import NeedTail, walk
 
 log = logging.getLogger(__name__)
-MODES = ("ar", "sd", "pipeline", "acespec")
 
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    mode: str = "pipeline"
-    depth: int = 4  # drafts per Extend
-    window: int = 16  # most live (uncommitted) nodes in pipeline mode
-    serve: ServeParams = field(default_factory=ServeParams)
-    seed: int = 0
-    max_tokens: int = 128
-    stop_ids: frozenset[int] = frozenset()
-    max_reconnects: int = 8
-    backoff_s: float = 0.25  # first reconnect delay, doubled each time (max 8 s)
-    cache: CacheConfig = field(default_factory=CacheConfig)  # acespec mode only
-
-    def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.depth < 1 or self.window < self.depth:
-            raise ValueError("need depth >= 1 and window >= depth")
-
-
-@dataclass
-class Stats:
-    tokens: int = 0
-    rounds: int = 0  # verification outcomes that ended a run (a rejection or a bonus)
-    drafted: int = 0
-    accepted: int = 0
-    target_forwards: int = 0  # scoring passes the verifier ran for this request
-    wire_bytes_up: int = 0  # protobuf + gRPC/HTTP2 data framing, per message
-    wire_bytes_down: int = 0
-    reconnects: int = 0
-    more_tail: int = 0
-    seconds: float = 0.0
-    first_token_s: float | None = None
-    round_trips: list[float] = field(default_factory=list)  # Extend sent -> its Scores, seconds
-    cache: CacheStats = field(default_factory=CacheStats)  # acespec mode
-    budgets: dict | None = None  # acespec mode: the state cache's budgets in force
-
-    def as_dict(self) -> dict:
-        t = max(self.tokens, 1)
-        return {"tokens": self.tokens, "tokens_per_s": round(self.tokens / self.seconds, 2)
-                if self.seconds else 0.0,
-                "mean_acceptance_length": round(self.tokens / self.rounds, 3) if self.rounds else 0.0,
-                "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
-                "target_forwards": self.target_forwards,
-                "target_forwards_per_token": round(self.target_forwards / t, 3),
-                "wire_bytes_up": self.wire_bytes_up, "wire_bytes_down": self.wire_bytes_down,
-                "wire_bytes_up_per_token": round(self.wire_bytes_up / t, 2),
-                "wire_bytes_down_per_token": round(self.wire_bytes_down / t, 2),
-                "reconnects": self.reconnects, "more_tail": self.more_tail,
-                "rtt_ms": round(1000 * float(np.median(self.round_trips)), 2)
-                if self.round_trips else None,
-                "cache_hit_rate": round(self.cache.hit_rate, 3),
-                "cache_rejections": self.cache.rejections, "cache_hits": self.cache.hits,
-                "branches_uploaded": self.cache.branches_uploaded,
-                "branch_nodes_scored": self.cache.branch_nodes, "budgets": self.budgets,
-                "ttft_s": round(self.first_token_s, 4) if self.first_token_s is not None else None,
-                "seconds": round(self.seconds, 3)}
 
 
 @dataclass
