@@ -11,8 +11,9 @@ def write_card(out: Path, card: dict) -> Path:
     acc = ", ".join(f"depth {d}: **{v}**" for d, v in card["greedy_acceptance"].items())
     text = f"""# AceSpec demo model pair
 
-Built by `acespec models build-demo --out {out.name} --seed {card['seed']}` — deterministic
-given the seed and the Python version (the corpus is the running interpreter's stdlib).
+Built by `acespec models build-demo --seed {card['seed']}` (writes `models/demo`; checkpoints
+in `runs/build-demo`, resumable) — deterministic given the seed and the Python version (the
+corpus is the running interpreter's standard library).
 
 | | target (`target/`, HF Llama) | drafter (`drafter-*.gguf`, llama) |
 |---|---|---|
@@ -32,7 +33,8 @@ generated each): {acc}.
 - Tokenizer: byte-level BPE, {p['vocab_size']} tokens, `<|bos|>` = 0, `<|eos|>` = 1.
 - Drafter objective: next-token cross-entropy on the same corpus, trained alongside the
   target (one core each).
-- Build: {card['build_minutes']} minutes on {platform.machine()} ({_cpus()} cores).
+- Build: {card['build_minutes']} minutes wall on {platform.machine()} ({_cpus()} cores), target and
+  drafter trained side by side on one core each (other work shared the machine).
 """
     path = out / "README.md"
     path.write_text(text)
