@@ -72,11 +72,11 @@ def generate_local(target, drafter, prompt: Sequence[int], max_tokens: int, dept
         stats.target_forwards += 1
         stats.drafted += len(draft)
         stats.accepted += verdict.accepted
-        stats.emitted += len(new)
         stop = eos_id is not None and eos_id in new
         if stop:
             new = new[:new.index(eos_id)]
         new = new[:max_tokens - len(out)]
+        stats.emitted += len(new)  # what reaches the output (the last step may be cut short)
         committed += new
         out += new
         if on_tokens and new:
