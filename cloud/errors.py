@@ -28,9 +28,5 @@ class Unauthenticated(SessionError):
     code = "UNAUTHENTICATED"
 
 
-class Unavailable(SessionError):
-    code = "UNAVAILABLE"
-
-
 class DeadlineExceeded(SessionError):
     code = "DEADLINE_EXCEEDED"

@@ -29,7 +29,6 @@ from acespec.proto.codec import (
 from acespec.shared.served import ServeParams
 
 log = logging.getLogger(__name__)
-SESSION_KEY = "x-acespec-session"  # metadata a load balancer can hash on for stickiness
 
 
 def _coalescible(msg) -> bool:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from acespec.proto import PROTOCOL_VERSION
+from acespec.proto import PROTOCOL_VERSION, SESSION_KEY
 from acespec.proto import acespec_pb2 as pb
 from acespec.proto import acespec_pb2_grpc as pb_grpc
 from acespec.proto.codec import decode_scores, encode_extend, encode_serve_params
@@ -41,7 +41,7 @@ def channel(target: str, tls_root_cert: bytes | None = None) -> grpc.aio.Channel
 
 
 def metadata(token: str | None, session_key: str | None = None) -> tuple:
-    md = [("x-acespec-session", session_key or uuid.uuid4().hex)]
+    md = [(SESSION_KEY, session_key or uuid.uuid4().hex)]
     if token:
         md.append(("authorization", f"Bearer {token}"))
     return tuple(md)

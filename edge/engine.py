@@ -25,7 +25,7 @@ import numpy as np
 from acespec.edge.client import FRAMING, CloudSession, Tail, generate
 from acespec.edge.engine_types import EngineConfig, Stats
 from acespec.edge.spec_tree import SpecTree
-from acespec.edge.state_cache import AcceptanceModel, plan
+from acespec.edge.state_cache import BUDGETS, AcceptanceModel, plan
 from acespec.shared.sampling import PositionalRng
 from acespec.shared.walk import NeedTail, walk
 
@@ -333,8 +333,7 @@ class _Run:
         token_s = rtt / max(1.0, self.cfg.depth)
         plans = plan(draft.q, draft.tokens, self.acc, c, saved_s=rtt, token_s=token_s,
                      kv_per_token=4096.0, draft_ms=1.0, down_per_node=4.0, ranks=draft.ranks)
-        self.stats.budgets = dict(zip(("edge_kv_bytes", "draft_ms", "uplink_bytes",
-                                       "downlink_bytes", "cloud_nodes"), c.budgets().tolist()))
+        self.stats.budgets = dict(zip(BUDGETS, c.budgets().tolist()))
         out = []
         for br in plans:
             prefix = context + draft.tokens[:br.j].tolist() + [br.token]

@@ -40,6 +40,7 @@ class EdgeMetrics:
         self.drafted.inc(u["drafted_tokens"])
         self.accepted.inc(u["accepted_tokens"])
         self.target_forwards.inc(u["target_forwards"])
+        self.cache_hits.inc(u["cache_hits"])
         self.wire.labels("up").inc(u["wire_bytes_up"])
         self.wire.labels("down").inc(u["wire_bytes_down"])
         self.reconnects.inc(u["cloud_reconnects"])

@@ -2,3 +2,5 @@
 scripts/gen_proto.sh) and the codec between protobuf and `acespec.shared` types."""
 
 PROTOCOL_VERSION = 1
+# gRPC metadata naming the edge session, so a load balancer can hash on it (stickiness).
+SESSION_KEY = "x-acespec-session"
