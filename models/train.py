@@ -72,9 +72,15 @@ def evaluate(model: Transformer, stream: np.ndarray, seq_len: int, max_windows: 
     return float(np.mean(losses))
 
 
+def cross_entropy(logits: torch.Tensor, x: torch.Tensor, step: int) -> torch.Tensor:
+    """Next-token cross-entropy: logits [B, T, V] for windows x [B, T + 1]."""
+    return F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+
+
 def train(args: ModelArgs, cfg: TrainConfig, stream: np.ndarray, ckpt: Path,
-          label: str = "model") -> Transformer:
-    """Train (or resume from `ckpt`) for cfg.steps; returns the model in eval mode."""
+          label: str = "model", loss_fn=cross_entropy, batches=None) -> Transformer:
+    """Train (or resume from `ckpt`) for cfg.steps; returns the model in eval mode.
+    loss_fn(logits, x, step) is the objective; batches(step) overrides the windows."""
     torch.set_num_threads(cfg.threads)
     model = init_model(args, cfg.seed)
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -95,9 +101,8 @@ def train(args: ModelArgs, cfg: TrainConfig, stream: np.ndarray, ckpt: Path,
     for step in range(start, cfg.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step)
-        x = batch_at(stream, cfg, step)
-        logits = model.causal_logits(x[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        x = batch_at(stream, cfg, step) if batches is None else batches(step)
+        loss = loss_fn(model.causal_logits(x[:, :-1]), x, step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
