@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -136,17 +137,18 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         held = None
         try:
             while True:
-                msg, held = (held, None) if held is not None else (await inbox.get(), None)
+                item, held = (held, None) if held is not None else (await inbox.get(), None)
+                msg, arrived = item if isinstance(item, tuple) else (item, None)
                 if isinstance(msg, Exception):
                     raise msg
                 if msg is grpc.aio.EOF:
                     return
                 kind = msg.WhichOneof("msg")
                 if kind == "extend":
-                    group = [msg]
+                    group = [(msg, arrived)]
                     while not inbox.empty() and held is None:
                         nxt = inbox.get_nowait()
-                        if _coalescible(nxt):
+                        if isinstance(nxt, tuple) and _coalescible(nxt[0]):
                             group.append(nxt)
                         else:
                             held = nxt
@@ -172,22 +174,26 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             except Exception as e:  # noqa: BLE001 - raised in order by the loop
                 await inbox.put(e)
                 return
-            await inbox.put(msg)
+            await inbox.put((msg, time.perf_counter()))
             if msg is grpc.aio.EOF:
                 return
 
     async def _extend(self, session, group: list, context) -> None:
-        first = group[0].extend
+        """group: [(Uplink with an Extend, arrival time)] scored in one pass, one Scores each
+        (stamped with the time each Extend spent here)."""
+        first = group[0][0].extend
         if first.HasField("commit"):
             session.commit(first.commit)
         batches, next_id = [], session.next_id
-        for m in group:
+        for m, _ in group:
             nodes = decode_extend(m.extend, next_id)
             batches.append((nodes.first_id, nodes.tokens, nodes.parents))
             next_id += len(nodes.tokens)
         greedy = session.params.sampling.greedy
-        for scores in await self.engine.extend_many(session, batches):
-            await self._write(context, pb.Downlink(scores=encode_scores(scores, greedy)))
+        for scores, (_, arrived) in zip(await self.engine.extend_many(session, batches), group):
+            msg = encode_scores(scores, greedy)
+            msg.server_time = min(2**32 - 1, round((time.perf_counter() - arrived) * 1e4))
+            await self._write(context, pb.Downlink(scores=msg))
 
     # -- Generate -------------------------------------------------------------------
 

@@ -27,9 +27,7 @@ def add_parser(sub) -> None:
                    help="drafter GGUF, or 'ngram' (default: the demo drafter)")
     g.add_argument("--tokenizer", default=str(DEMO_TARGET),
                    help="tokenizer.json or its folder, used with --drafter ngram")
-    g.add_argument("--mode", default="pipeline", choices=["ar", "sd", "pipeline", "acespec"])
-    g.add_argument("--depth", type=int, default=4, help="drafts per Extend")
-    g.add_argument("--window", type=int, default=16, help="live nodes in pipeline mode")
+    _add_engine_args(g, "acespec")
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-k", type=int, default=0)
@@ -50,14 +48,48 @@ def add_parser(sub) -> None:
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--cloud", default="localhost:50051", help="verifier HOST:PORT")
     sv.add_argument("--drafter", default=str(DEMO_DRAFTER), help="drafter GGUF")
-    sv.add_argument("--mode", default="pipeline", choices=["ar", "sd", "pipeline", "acespec"])
-    sv.add_argument("--depth", type=int, default=4)
-    sv.add_argument("--window", type=int, default=16)
+    _add_engine_args(sv, "pipeline")
     sv.add_argument("--send-mass", type=float, default=0.9)
     sv.add_argument("--model-name", default="acespec", help="the model id clients send")
     sv.add_argument("--auth-token-file", help="bearer token for the verifier")
     sv.add_argument("--tls-ca", help="PEM root certificate: connect with TLS")
     sv.set_defaults(func=run_serve)
+
+
+def _add_engine_args(p, mode: str) -> None:
+    """Mode, shape and state-cache flags shared by `generate` and `serve`."""
+    p.add_argument("--mode", default=mode, choices=["ar", "sd", "pipeline", "acespec"],
+                   help="ar: cloud only; sd: draft-send-wait; pipeline: streamed drafts; "
+                   "acespec: pipeline + pre-scored recovery branches (default: %(default)s)")
+    p.add_argument("--depth", type=int, default=None,
+                   help="drafts per Extend; unset: adaptive (starts at 4, follows the link)")
+    p.add_argument("--window", type=int, default=None,
+                   help="most live drafted nodes; unset: adaptive (starts at 16)")
+    b = p.add_argument_group("state cache budgets per chunk (acespec mode; unset = derived "
+                             "from the measured link and drafter)")
+    b.add_argument("--cache-draft-ms", type=float, default=None, help="drafter time for branches")
+    b.add_argument("--cache-uplink-bytes", type=float, default=None)
+    b.add_argument("--cache-downlink-bytes", type=float, default=None)
+    b.add_argument("--cache-cloud-nodes", type=float, default=8.0,
+                   help="branch nodes the verifier scores per chunk (default: %(default)s)")
+    b.add_argument("--cache-kv-mb", type=float, default=64.0,
+                   help="edge memory for branch KV, MB (default: %(default)s)")
+
+
+def engine_config(args, **kw):
+    """EngineConfig from the shared flags (an unset depth or window makes it adaptive)."""
+    from acespec.edge.engine import EngineConfig
+    from acespec.edge.state_cache import CacheConfig
+
+    adaptive = args.depth is None and args.window is None
+    depth = args.depth or 4
+    window = max(args.window or 16, depth)
+    cache = CacheConfig(kv_bytes=args.cache_kv_mb * 1e6, draft_ms=args.cache_draft_ms,
+                        uplink_bytes=args.cache_uplink_bytes,
+                        downlink_bytes=args.cache_downlink_bytes,
+                        cloud_nodes=args.cache_cloud_nodes)
+    return EngineConfig(mode=args.mode, depth=depth, window=window, cache=cache,
+                        adaptive=adaptive, **kw)
 
 
 def _codec_and_drafter(args):
@@ -94,8 +126,7 @@ def run_generate(args) -> int:
     try:
         serve = ServeParams(SamplingParams(args.temperature, args.top_k, args.top_p),
                             send_mass=args.send_mass)
-        cfg = EngineConfig(mode=args.mode, depth=args.depth, window=max(args.window, args.depth),
-                           serve=serve, seed=args.seed, max_tokens=args.max_tokens)
+        cfg = engine_config(args, serve=serve, seed=args.seed, max_tokens=args.max_tokens)
         codec, drafter = _codec_and_drafter(args)
         token = Path(args.auth_token_file).read_text().strip() if args.auth_token_file else None
         root_cert = Path(args.tls_ca).read_bytes() if args.tls_ca else None
@@ -121,7 +152,8 @@ def run_generate(args) -> int:
         return fail(EXIT_UNREACHABLE, f"cannot reach the verifier at {args.cloud}: {e}")
     except grpc.aio.AioRpcError as e:
         return fail(EXIT_REFUSED, f"verifier refused the request ({e.code().name}): {e.details()}")
-    figures = {**stats.as_dict(), "mode": args.mode, "depth": args.depth}
+    figures = {**stats.as_dict(), "mode": args.mode, "depth": cfg.depth,
+               "window": cfg.window, "adaptive": cfg.adaptive}
     if args.json:
         print(json.dumps({"text": codec.decode(out), "token_ids": out, "stats": figures}))
     else:
@@ -170,7 +202,6 @@ def build_service(args):
     import asyncio  # noqa: F401 - the service's queue binds to the running loop lazily
 
     from acespec.edge.client import channel
-    from acespec.edge.engine import EngineConfig
     from acespec.edge.http_app import EdgeMetrics
     from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
     from acespec.edge.server import EdgeService
@@ -182,8 +213,7 @@ def build_service(args):
     drafter = LlamaDrafter(args.drafter, LlamaDrafterConfig(n_seq_max=40))
     token = Path(args.auth_token_file).read_text().strip() if args.auth_token_file else None
     root_cert = Path(args.tls_ca).read_bytes() if args.tls_ca else None
-    base = EngineConfig(mode=args.mode, depth=args.depth, window=max(args.window, args.depth),
-                        serve=ServeParams(send_mass=args.send_mass))
+    base = engine_config(args, serve=ServeParams(send_mass=args.send_mass))
     return EdgeService(codec=TextCodec.from_drafter(drafter),
                        drafter=None if args.mode == "ar" else drafter,
                        channel=channel(args.cloud, root_cert), model_name=args.model_name,

@@ -61,6 +61,7 @@ class CloudSession:
         self.session_id = self.model_id = ""
         self.max_live_nodes = 0
         self.bytes_up = self.bytes_down = 0  # message bytes + 14 B framing each (estimate)
+        self.server_s = 0.0  # the last Scores' time at the verifier (queue + pass), seconds
 
     async def _write(self, msg: pb.Uplink) -> None:
         self.bytes_up += msg.ByteSize() + FRAMING
@@ -102,6 +103,7 @@ class CloudSession:
         msg = await self._read()
         if msg.WhichOneof("msg") == "tail":
             return Tail(msg.tail.node_id, list(msg.tail.tail_token), list(msg.tail.tail_token_p))
+        self.server_s = msg.scores.server_time * 1e-4
         return decode_scores(msg.scores)
 
     async def _read(self) -> pb.Downlink:

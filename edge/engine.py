@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
+from acespec.edge.adaptive import LinkBudgets, LinkEstimate, Shape, choose_shape
 from acespec.edge.client import FRAMING, CloudSession, Tail, generate
 from acespec.edge.engine_types import EngineConfig, Stats
 from acespec.edge.spec_tree import SpecTree
-from acespec.edge.state_cache import BUDGETS, AcceptanceModel, plan
+from acespec.edge.state_cache import BUDGETS, AcceptanceModel, Costs, RecoveryModel, guesses, plan
 from acespec.shared.sampling import PositionalRng
 from acespec.shared.walk import NeedTail, walk
 
@@ -39,7 +40,7 @@ class _Flight:
 
     in_flight: int = 0  # Extends whose Scores have not arrived
     want_tail: bool = False  # a MoreTail is outstanding
-    sent_at: list[float] = field(default_factory=list)  # send times of those Extends
+    sent: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes) of those Extends
 
 
 class Lost(Exception):
@@ -97,6 +98,13 @@ class _Run:
         self.e, self.prompt, self.cfg, self.on_tokens = engine, prompt, cfg, on_tokens
         self.seq, self.branch_seq = seq, branch_seq
         self.acc = AcceptanceModel()
+        self.rec = RecoveryModel(cfg.cache.guesses)
+        self.link = LinkEstimate()
+        self.shape = Shape(cfg.depth, cfg.window)  # follows the link when cfg.adaptive
+        self.alpha = 0.7  # running per-position acceptance (for the shape model)
+        self.draft_s = 1e-3  # running drafter seconds per token
+        self._guess: dict[int, list[int]] = {}  # drafted node id -> its recovery guesses
+        self._since_change = 0  # Scores since the shape last changed
         self.out: list[int] = []
         self.stats = Stats()
         self.t0 = time.perf_counter()
@@ -190,7 +198,9 @@ class _Run:
     async def _read(sess: CloudSession, inbox: asyncio.Queue) -> None:
         try:
             while True:
-                await inbox.put(await sess.recv())
+                before = sess.bytes_down
+                msg = await sess.recv()
+                await inbox.put((msg, sess.bytes_down - before, sess.server_s))
         except Exception as e:  # noqa: BLE001 - handed to the driver, which reconnects
             await inbox.put(e)
 
@@ -214,8 +224,9 @@ class _Run:
             if self.finished:
                 return
             if not fl.want_tail and self._may_draft(tree, fl.in_flight):
+                before = sess.bytes_up
                 await self._extend(sess, tree)
-                fl.sent_at.append(time.perf_counter())
+                fl.sent.append((time.perf_counter(), sess.bytes_up - before))
                 fl.in_flight += 1
                 continue
             self._take(await inbox.get(), tree, fl)
@@ -224,11 +235,13 @@ class _Run:
         """Live nodes the verifier must allow: the window, a chunk, and in acespec mode the
         branches of every chunk in flight; twice, as commits ride one Extend late."""
         c = self.cfg
-        branches = (c.window // c.depth + 1) * int(c.cache.cloud_nodes) if c.mode == "acespec" else 0
-        return 2 * (c.window + c.depth + branches) + 2
+        window, depth = (c.max_window, 2) if c.adaptive else (c.window, c.depth)
+        branches = (window // depth + 1) * int(c.cache.cloud_nodes) if c.mode == "acespec" else 0
+        return 2 * (window + max(c.max_depth, c.depth) + branches) + 2
 
-    def _take(self, msg, tree: SpecTree, fl: _Flight) -> None:
+    def _take(self, item, tree: SpecTree, fl: _Flight) -> None:
         """Apply one downlink message (or raise the reader's error)."""
+        msg, size, server_s = item if isinstance(item, tuple) else (item, 0, 0.0)
         if isinstance(msg, grpc.aio.AioRpcError) and msg.code() != grpc.StatusCode.UNAVAILABLE:
             raise msg  # a refusal from the verifier: the caller decides, no blind retry
         if isinstance(msg, Exception):
@@ -238,9 +251,13 @@ class _Run:
             fl.want_tail = False
         else:
             fl.in_flight -= 1
-            self.stats.round_trips.append(time.perf_counter() - fl.sent_at.pop(0))
+            sent_at, up = fl.sent.pop(0)
+            rtt = time.perf_counter() - sent_at
+            self.stats.round_trips.append(rtt)
             self.stats.target_forwards += 1
             tree.apply_scores(msg)
+            self.link.observe(up, size, rtt, server_s, sent_at + rtt)
+            self._adapt()
 
     def _will_draft(self, tree: SpecTree) -> bool:
         """Pipeline drafts past every scored leaf until max_tokens: no bonus draws there."""
@@ -258,7 +275,26 @@ class _Run:
             return False
         if self.cfg.mode == "sd":
             return in_flight == 0
-        return self._main_live(tree) + self.cfg.depth <= self.cfg.window
+        return self._main_live(tree) + self.shape.depth <= self.shape.window
+
+    def _adapt(self) -> None:
+        """Follow the link: re-choose (depth, window) from the speedup model."""
+        self._since_change += 1
+        if not (self.cfg.adaptive and self.link.ready and self.cfg.mode != "sd"):
+            return
+        if self._since_change < 8:  # dwell: let the estimate see the current shape first
+            return
+        new = choose_shape(self.alpha, self.link.base_rtt(), self.link.bandwidth(), self.draft_s,
+                           self.shape, self.cfg.max_depth, self.cfg.max_window, self.link.step())
+        if new != self.shape:
+            log.debug("shape %s -> %s (acceptance %.2f, base rtt %.1f ms, %.0f B/s)", self.shape,
+                      new, self.alpha, 1000 * self.link.base_rtt(), self.link.bandwidth())
+            self.shape, self._since_change = new, 0
+            self.stats.shape_changes += 1
+        self.stats.depth, self.stats.window = self.shape.depth, self.shape.window
+        self.stats.link = {"bytes_per_s": round(self.link.bandwidth()),
+                           "base_rtt_ms": round(1000 * self.link.base_rtt(), 1),
+                           "step_ms": round(1000 * self.link.step(), 1)}
 
     async def _apply(self, sess: CloudSession, tree: SpecTree, res) -> None:
         """Take what the walk decided: commit it; after a rejection or a bonus, the decided
@@ -288,9 +324,11 @@ class _Run:
         lead = [head[1]] if head else []
         context = self.prompt + self.out + ([] if head else tree.path_tokens(tree.tip))
         room = self.cfg.max_tokens - len(self.out) - (0 if head else len(tree.path_tokens(tree.tip)))
-        n = max(1, min(self.cfg.depth, room))
+        n = max(1, min(self.shape.depth, room))
+        t0 = time.perf_counter()
         draft = self.e.drafter.propose(context, n, self.cfg.serve.sampling,
                                        self._draft_rng(len(context)), seq=self.seq)
+        self._time_drafts(time.perf_counter() - t0, len(draft))
         self.stats.drafted += len(draft)
         branches = self._branches(context, draft) if self.cfg.mode == "acespec" else []
         log.debug("extend at position %d: lead %s drafts %s, %d branches", len(context), lead,
@@ -316,6 +354,8 @@ class _Run:
         else:
             node = parent
             made = tree.add(first, draft.tokens, parent, draft.q)
+        if self.cfg.mode == "acespec":
+            self._remember_guesses(made, draft, tree)
         chain_nodes = [node] + made
         nid = first + len(chain)
         for br, toks, qs in branches:
@@ -330,10 +370,19 @@ class _Run:
         """Plan and draft recovery branches for this chunk: [(Branch, tokens, qs)]."""
         c = self.cfg.cache
         rtt = float(np.median(self.stats.round_trips[-8:])) if self.stats.round_trips else 0.1
-        token_s = rtt / max(1.0, self.cfg.depth)
+        token_s = rtt / max(1.0, self.shape.depth)
+        greedy = self.cfg.serve.sampling.greedy
+        costs = Costs(kv_per_token=float(getattr(self.e.drafter, "kv_bytes_per_token", 4096.0)),
+                      draft_ms=1000 * self.draft_s, down_per_node=3.0 if greedy else 20.0)
+        derived = (6.0, 24.0, 96.0)
+        if self.link.ready:
+            derived = LinkBudgets().derive(self.link.base_rtt() + self.link.step(),
+                                           self.link.bandwidth(),
+                                           self.draft_s * len(draft))
+        budgets = c.budgets(derived)
         plans = plan(draft.q, draft.tokens, self.acc, c, saved_s=rtt, token_s=token_s,
-                     kv_per_token=4096.0, draft_ms=1.0, down_per_node=4.0, ranks=draft.ranks)
-        self.stats.budgets = dict(zip(BUDGETS, c.budgets().tolist()))
+                     costs=costs, budgets=budgets, ranks=draft.ranks, rec=self.rec)
+        self.stats.budgets = {k: round(v, 2) for k, v in zip(BUDGETS, budgets.tolist())}
         out = []
         for br in plans:
             prefix = context + draft.tokens[:br.j].tolist() + [br.token]
@@ -342,8 +391,10 @@ class _Run:
             if br.depth:
                 if hasattr(self.e.drafter, "fork"):
                     self.e.drafter.fork(self.seq, self.branch_seq, len(prefix) - 1)
+                t0 = time.perf_counter()
                 d = self.e.drafter.propose(prefix, br.depth, self.cfg.serve.sampling,
                                            self._draft_rng(len(prefix)), seq=self.branch_seq)
+                self._time_drafts(time.perf_counter() - t0, len(d))
                 toks += d.tokens.tolist()
                 qs = d.q
                 self.stats.drafted += len(d)
@@ -357,14 +408,31 @@ class _Run:
             x = n.drafted
             if x is not None and x.q is not None:
                 self.acc.update(float(x.q[x.token]), t == x.token)
+                self.alpha += 0.05 * ((t == x.token) - self.alpha)
                 if t != x.token:
                     self.stats.cache.rejections += 1
                     if t in n.children:
                         self.stats.cache.hits += 1
+                    g = self._guess.pop(x.node_id, None)
+                    if g is not None:  # the downlink revealed the recovered token: calibrate
+                        self.rec.observe(g.index(t) if t in g else len(g))
             nxt = n.children.get(t)
             if nxt is None:
                 break
             n = nxt
+
+    def _time_drafts(self, seconds: float, n: int) -> None:
+        if n:
+            self.draft_s += 0.2 * (seconds / n - self.draft_s)
+
+    def _remember_guesses(self, made, draft, tree: SpecTree) -> None:
+        """Keep each drafted node's recovery guesses, to learn P(c | rejection) later."""
+        ranks = draft.q if draft.ranks is None else draft.ranks
+        for node, r in zip(made, ranks):
+            self._guess[node.node_id] = guesses(r, node.token, self.cfg.cache.guesses)
+        if len(self._guess) > 4 * self.cfg.max_window:  # forget nodes below the root
+            root = tree.root.node_id
+            self._guess = {k: v for k, v in self._guess.items() if k > root}
 
     def _draft_rng(self, position: int) -> PositionalRng:
         """Uniforms for drafts at position, position+1, ...: keyed by position, not chunk."""

@@ -24,12 +24,17 @@ class EngineConfig:
     max_reconnects: int = 8
     backoff_s: float = 0.25  # first reconnect delay, doubled each time (max 8 s)
     cache: CacheConfig = field(default_factory=CacheConfig)  # acespec mode only
+    adaptive: bool = False  # depth/window follow the link (acespec.edge.adaptive); start at depth/window
+    max_depth: int = 8  # bounds for the adaptive shape
+    max_window: int = 32
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.depth < 1 or self.window < self.depth:
             raise ValueError("need depth >= 1 and window >= depth")
+        if self.adaptive and (self.max_depth < self.depth or self.max_window < self.window):
+            raise ValueError("need max_depth >= depth and max_window >= window")
 
 
 @dataclass
@@ -48,6 +53,10 @@ class Stats:
     round_trips: list[float] = field(default_factory=list)  # Extend sent -> its Scores, seconds
     cache: CacheStats = field(default_factory=CacheStats)  # acespec mode
     budgets: dict | None = None  # acespec mode: the state cache's budgets in force
+    depth: int | None = None  # the adaptive shape in force at the end
+    window: int | None = None
+    shape_changes: int = 0
+    link: dict | None = None  # the link as the adaptive shape sees it
 
     def as_dict(self) -> dict:
         t = max(self.tokens, 1)
@@ -67,5 +76,7 @@ class Stats:
                 "cache_rejections": self.cache.rejections, "cache_hits": self.cache.hits,
                 "branches_uploaded": self.cache.branches_uploaded,
                 "branch_nodes_scored": self.cache.branch_nodes, "budgets": self.budgets,
+                "adaptive_depth": self.depth, "adaptive_window": self.window,
+                "shape_changes": self.shape_changes, "link_estimate": self.link,
                 "ttft_s": round(self.first_token_s, 4) if self.first_token_s is not None else None,
                 "seconds": round(self.seconds, 3)}

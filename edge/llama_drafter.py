@@ -106,6 +106,14 @@ class LlamaDrafter:
         return vocab_hash(self.token_table())
 
     @property
+    def kv_bytes_per_token(self) -> float:
+        """Drafter KV memory one token takes: layers x (K + V) x kv heads x head dim x dtype."""
+        m, ll = self._model, self._ll
+        head_dim = ll.llama_model_n_embd(m) // ll.llama_model_n_head(m)
+        width = 4 if self.config.f32_kv else 2
+        return float(ll.llama_model_n_layer(m) * 2 * ll.llama_model_n_head_kv(m) * head_dim * width)
+
+    @property
     def eos_id(self) -> int:
         return int(self._ll.llama_vocab_eos(self._vocab))
 

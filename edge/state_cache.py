@@ -23,17 +23,45 @@ from acespec.edge.allocator import BUDGETS, Candidate, allocate
 
 @dataclass(frozen=True)
 class CacheConfig:
+    """Budgets per chunk. draft_ms / uplink_bytes / downlink_bytes of None are derived from
+    the measured link and device (acespec.edge.adaptive.LinkBudgets); a number fixes them."""
+
     guesses: int = 2  # recovery tokens considered per draft position
     branch_depth: int = 2  # drafts below a guessed token
     kv_bytes: float = 64e6  # edge memory for branch KV
-    draft_ms: float = 6.0  # edge draft time per chunk spent on branches
-    uplink_bytes: float = 24.0  # per chunk
-    downlink_bytes: float = 96.0  # per chunk
+    draft_ms: float | None = None  # edge draft time per chunk spent on branches
+    uplink_bytes: float | None = None  # per chunk
+    downlink_bytes: float | None = None  # per chunk
     cloud_nodes: float = 8.0  # extra nodes per chunk
 
-    def budgets(self) -> np.ndarray:  # [K] in the order of allocator.BUDGETS
-        return np.array([self.kv_bytes, self.draft_ms, self.uplink_bytes,
-                         self.downlink_bytes, self.cloud_nodes])
+    def budgets(self, derived: tuple[float, float, float] = (6.0, 24.0, 96.0)) -> np.ndarray:
+        """[K] in the order of allocator.BUDGETS; `derived` fills the unset ones."""
+        mine = (self.draft_ms, self.uplink_bytes, self.downlink_bytes)
+        d, u, w = (m if m is not None else x for m, x in zip(mine, derived))
+        return np.array([self.kv_bytes, d, u, w, self.cloud_nodes])
+
+
+@dataclass
+class RecoveryModel:
+    """P(recovered token = the drafter's r-th alternative | rejection): the rank (in the
+    drafter's order, the draft itself skipped) of every recovered token the downlink
+    revealed, counted; blended with the drafter's own renormalised probability through a
+    prior worth `prior` observations. Index `guesses` counts "none of the guesses"."""
+
+    guesses: int = 2
+    prior: float = 8.0
+    counts: np.ndarray | None = None  # [guesses + 1]
+
+    def __post_init__(self):
+        if self.counts is None:
+            self.counts = np.zeros(self.guesses + 1)
+
+    def observe(self, rank: int) -> None:
+        self.counts[min(rank, self.guesses)] += 1
+
+    def p(self, rank: int, drafter_p: float) -> float:
+        n = self.counts.sum()
+        return float((self.counts[rank] + self.prior * drafter_p) / (n + self.prior))
 
 
 @dataclass
@@ -77,37 +105,56 @@ class CacheStats:
         return self.hits / self.rejections if self.rejections else 0.0
 
 
+def guesses(r: np.ndarray, x: int, n: int) -> list[int]:
+    """The drafter's n most likely tokens other than the draft x, from r [V]."""
+    return [int(t) for t in np.argsort(-r)[: n + 1] if t != x][:n]
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Per-node costs of a branch in each budget (order of allocator.BUDGETS, less nodes)."""
+
+    kv_per_token: float = 4096.0  # drafter KV bytes per token
+    draft_ms: float = 1.0  # drafter time per drafted token
+    up_per_node: float = 3.0
+    down_per_node: float = 6.0
+
+
 def plan(qs: np.ndarray, drafts: np.ndarray, acc: AcceptanceModel, cfg: CacheConfig,
-         saved_s: float, token_s: float, kv_per_token: float, draft_ms: float,
-         down_per_node: float, ranks: np.ndarray | None = None) -> list[Branch]:
+         saved_s: float, token_s: float, costs: Costs, budgets: np.ndarray,
+         ranks: np.ndarray | None = None, rec: RecoveryModel | None = None) -> list[Branch]:
     """Branches worth building for one chunk: drafts [n] drawn from qs [n, V]; guesses are
-    ranked by `ranks` [n, V] (the drafter's plain softmax) when given, else by q."""
+    ranked by `ranks` [n, V] (the drafter's plain softmax) when given, else by q; their
+    probabilities come from `rec` (calibrated on revealed recoveries) when given."""
     cands, reach = [], 1.0
     ranks = qs if ranks is None else ranks
+    k = costs
     for j, (q, r, x) in enumerate(zip(qs, ranks, drafts)):
         a = acc.p(float(q[x]))
         rej = reach * (1 - a)
-        others = np.argsort(-r)[: cfg.guesses + 1]
         rest = max(1e-9, 1 - float(r[x]))
-        for c in (int(t) for t in others if t != x):
+        for rank, c in enumerate(guesses(r, int(x), cfg.guesses)):
             p_c = float(r[c]) / rest
+            p_c = rec.p(rank, p_c) if rec is not None else p_c
             if p_c <= 0:
                 continue
             root = (j, c, 0)
             cands.append(Candidate(root, None, rej * p_c * saved_s,
-                                   (kv_per_token, draft_ms, 3.0, down_per_node, 1.0)))
-            for k in range(1, cfg.branch_depth + 1):
-                cands.append(Candidate((j, c, k), (j, c, k - 1),
-                                       rej * p_c * a ** k * token_s,
-                                       (kv_per_token, draft_ms, 1.5, down_per_node, 1.0)))
+                                   (k.kv_per_token, 0.0, k.up_per_node + 1, k.down_per_node, 1.0)))
+            for d in range(1, cfg.branch_depth + 1):
+                cands.append(Candidate((j, c, d), (j, c, d - 1),
+                                       rej * p_c * a ** d * token_s,
+                                       (k.kv_per_token, k.draft_ms, k.up_per_node,
+                                        k.down_per_node, 1.0)))
         reach *= a
     if not cands:
         return []
-    chosen = allocate(cands, cfg.budgets()).selected
+    chosen = allocate(cands, budgets).selected
     depth: dict[tuple[int, int], int] = {}
     for j, c, k in chosen:
         depth[(j, c)] = max(depth.get((j, c), 0), k)
     return [Branch(j, c, d) for (j, c), d in sorted(depth.items())]
 
 
-__all__ = ["AcceptanceModel", "Branch", "BUDGETS", "CacheConfig", "CacheStats", "plan"]
+__all__ = ["AcceptanceModel", "Branch", "BUDGETS", "CacheConfig", "CacheStats", "Costs",
+           "RecoveryModel", "guesses", "plan"]

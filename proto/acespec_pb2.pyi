@@ -85,7 +85,7 @@ class Uplink(_message.Message):
     def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., extend: _Optional[_Union[Extend, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., more_tail: _Optional[_Union[MoreTail, _Mapping]] = ...) -> None: ...
 
 class Scores(_message.Message):
-    __slots__ = ("first_node_id", "self_p", "n_entries", "entry_id_delta", "entry_p", "tail_p", "n_tail_samples", "tail_token", "tail_token_p", "greedy_token")
+    __slots__ = ("first_node_id", "self_p", "n_entries", "entry_id_delta", "entry_p", "tail_p", "n_tail_samples", "tail_token", "tail_token_p", "greedy_token", "server_time")
     FIRST_NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SELF_P_FIELD_NUMBER: _ClassVar[int]
     N_ENTRIES_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class Scores(_message.Message):
     TAIL_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TAIL_TOKEN_P_FIELD_NUMBER: _ClassVar[int]
     GREEDY_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_FIELD_NUMBER: _ClassVar[int]
     first_node_id: int
     self_p: _containers.RepeatedScalarFieldContainer[int]
     n_entries: _containers.RepeatedScalarFieldContainer[int]
@@ -106,7 +107,8 @@ class Scores(_message.Message):
     tail_token: _containers.RepeatedScalarFieldContainer[int]
     tail_token_p: _containers.RepeatedScalarFieldContainer[int]
     greedy_token: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, first_node_id: _Optional[int] = ..., self_p: _Optional[_Iterable[int]] = ..., n_entries: _Optional[_Iterable[int]] = ..., entry_id_delta: _Optional[_Iterable[int]] = ..., entry_p: _Optional[_Iterable[int]] = ..., tail_p: _Optional[_Iterable[int]] = ..., n_tail_samples: _Optional[_Iterable[int]] = ..., tail_token: _Optional[_Iterable[int]] = ..., tail_token_p: _Optional[_Iterable[int]] = ..., greedy_token: _Optional[_Iterable[int]] = ...) -> None: ...
+    server_time: int
+    def __init__(self, first_node_id: _Optional[int] = ..., self_p: _Optional[_Iterable[int]] = ..., n_entries: _Optional[_Iterable[int]] = ..., entry_id_delta: _Optional[_Iterable[int]] = ..., entry_p: _Optional[_Iterable[int]] = ..., tail_p: _Optional[_Iterable[int]] = ..., n_tail_samples: _Optional[_Iterable[int]] = ..., tail_token: _Optional[_Iterable[int]] = ..., tail_token_p: _Optional[_Iterable[int]] = ..., greedy_token: _Optional[_Iterable[int]] = ..., server_time: _Optional[int] = ...) -> None: ...
 
 class Opened(_message.Message):
     __slots__ = ("session_id", "model_id", "vocab_hash", "max_live_nodes", "k_max", "root")

@@ -27,6 +27,7 @@ class BenchConfig:
     max_tokens: int = 64
     depth: int = 4
     window: int = 16
+    adaptive: bool = False  # pipeline/acespec: depth and window follow the link
     temperature: float = 0.0
     emulate: str = "40,0.5"  # the verifier's --emulate-step-ms profile
     per_category: int = 10  # prompts per category
@@ -91,6 +92,7 @@ async def run_bench(cfg: BenchConfig, model_dir: str, drafter_path: str,
                                   None if mode == "ar" else drafter, owns_channels=False)
                 for p in prompts:
                     ecfg = EngineConfig(mode=mode, depth=cfg.depth, window=cfg.window,
+                                        adaptive=cfg.adaptive,
                                         serve=ServeParams(SamplingParams(cfg.temperature)),
                                         seed=cfg.seed, max_tokens=cfg.max_tokens)
                     before = (proxy.counts.up, proxy.counts.down)

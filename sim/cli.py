@@ -44,6 +44,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--max-tokens", type=int, default=64)
     b.add_argument("--depth", type=int, default=4)
     b.add_argument("--window", type=int, default=16)
+    b.add_argument("--adaptive", action="store_true",
+                   help="pipeline/acespec start at --depth/--window and follow the link")
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--emulate-step-ms", default="40,0.5", metavar="T0[,PER_NODE]",
                    help="TESTBED step-time profile of the verifier (default: %(default)s)")
@@ -73,7 +75,7 @@ def run_bench_cli(args) -> int:
     try:
         cfg = BenchConfig(links=parse_links(args.link), modes=tuple(args.modes.split(",")),
                           max_tokens=args.max_tokens, depth=args.depth, window=args.window,
-                          temperature=args.temperature, emulate=args.emulate_step_ms,
+                          adaptive=args.adaptive, temperature=args.temperature, emulate=args.emulate_step_ms,
                           per_category=args.per_category)
         bad = [m for m in cfg.modes if m not in ("ar", "sd", "pipeline", "acespec")]
         if bad:
@@ -84,7 +86,8 @@ def run_bench_cli(args) -> int:
         return 2
     records = asyncio.run(run_bench(cfg, args.model, args.drafter, prompts, progress_bar))
     summary, cats = summarize(records, cfg), by_category(records)
-    print(f"profile: --emulate-step-ms {cfg.emulate}, depth {cfg.depth}, window {cfg.window}, "
+    print(f"profile: --emulate-step-ms {cfg.emulate}, depth {cfg.depth}, window {cfg.window}"
+          f"{' (adaptive)' if cfg.adaptive else ''}, "
           f"{len(prompts)} prompts, {cfg.max_tokens} tokens each, temperature {cfg.temperature}")
     print(markdown(summary))
     if args.out:

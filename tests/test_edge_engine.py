@@ -15,6 +15,7 @@ from acespec.edge.client import channel  # noqa: E402
 from acespec.edge.engine import EdgeEngine, EngineConfig  # noqa: E402
 from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
 from acespec.edge.ngram_drafter import NgramDrafter  # noqa: E402
+from acespec.edge.state_cache import CacheConfig  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import UNITS, ServeParams, served  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
@@ -22,6 +23,9 @@ from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 from verifier_harness import run, running_verifier  # noqa: E402
 
 MODES = ("ar", "sd", "pipeline", "acespec")
+# Generous fixed state-cache budgets: tests of the hit mechanics, not of the budget policy.
+WIDE = CacheConfig(guesses=4, draft_ms=200.0, uplink_bytes=1e4, downlink_bytes=1e5,
+                   cloud_nodes=32)
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +172,7 @@ def test_acespec_hits_save_rounds_and_change_nothing(pair, noisy_gguf):
                 texts = []
                 for seed in range(4):
                     cfg = EngineConfig(mode=mode, depth=3, window=9, max_tokens=40, serve=serve,
-                                       seed=seed)
+                                       seed=seed, cache=WIDE)
                     out, st = await decode(addr, tok.vocab_hash(), d, prompt, cfg)
                     texts.append(out)
                     for i, v in enumerate((st.rounds, st.cache.rejections, st.cache.hits,
@@ -197,7 +201,7 @@ def test_acespec_greedy_hits_and_equals_ar(pair, noisy_gguf):
             d = LlamaDrafter(noisy_gguf, LlamaDrafterConfig(n_ctx=512, n_seq_max=2))
             out = {}
             for mode in ("ar", "pipeline", "acespec"):
-                cfg = EngineConfig(mode=mode, depth=3, window=9, max_tokens=48)
+                cfg = EngineConfig(mode=mode, depth=3, window=9, max_tokens=48, cache=WIDE)
                 out[mode] = await decode(addr, tok.vocab_hash(), d, prompt, cfg)
             return out
 

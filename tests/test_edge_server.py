@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -15,6 +14,7 @@ pytest.importorskip("llama_cpp")
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
+from acespec.cli import build_parser  # noqa: E402
 from acespec.cloud.server import ServerConfig  # noqa: E402
 from acespec.edge.cli import build_service  # noqa: E402
 from acespec.edge.http_app import create_app  # noqa: E402
@@ -37,8 +37,9 @@ def chat_gguf(tiny_pair):
 
 @contextlib.asynccontextmanager
 async def edge_server(cloud: str, gguf, mode="pipeline"):
-    args = SimpleNamespace(drafter=str(gguf), auth_token_file=None, tls_ca=None, mode=mode,
-                           depth=3, window=8, send_mass=0.9, cloud=cloud, model_name="tiny")
+    args = build_parser().parse_args(["edge", "serve", "--drafter", str(gguf), "--mode", mode,
+                                      "--depth", "3", "--window", "8", "--cloud", cloud,
+                                      "--model-name", "tiny"])
     svc = build_service(args)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port,
