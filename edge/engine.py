@@ -32,6 +32,8 @@ from acespec.shared.walk import NeedTail, walk
 
 log = logging.getLogger(__name__)
 
+NODE_PASS_S = 5e-4  # what one more tree node adds to a big target's pass (a planning guess)
+
 
 
 @dataclass
@@ -103,7 +105,7 @@ class _Run:
         self.shape = Shape(cfg.depth, cfg.window)  # follows the link when cfg.adaptive
         self.alpha = 0.7  # running per-position acceptance (for the shape model)
         self.draft_s = 1e-3  # running drafter seconds per token
-        self._guess: dict[int, list[int]] = {}  # drafted node id -> its recovery guesses
+        self._guess: dict[int, tuple[list[int], float]] = {}  # drafted node -> (guesses, confidence)
         self._since_change = 0  # Scores since the shape last changed
         self.out: list[int] = []
         self.stats = Stats()
@@ -370,7 +372,8 @@ class _Run:
         """Plan and draft recovery branches for this chunk: [(Branch, tokens, qs)]."""
         c = self.cfg.cache
         rtt = float(np.median(self.stats.round_trips[-8:])) if self.stats.round_trips else 0.1
-        token_s = rtt / max(1.0, self.shape.depth)
+        per_round = self.stats.tokens / self.stats.rounds if self.stats.rounds else 2.0
+        token_s = rtt / max(1.0, per_round)  # the current time per generated token
         greedy = self.cfg.serve.sampling.greedy
         costs = Costs(kv_per_token=float(getattr(self.e.drafter, "kv_bytes_per_token", 4096.0)),
                       draft_ms=1000 * self.draft_s, down_per_node=3.0 if greedy else 20.0)
@@ -380,7 +383,8 @@ class _Run:
                                            self.link.bandwidth(),
                                            self.draft_s * len(draft))
         budgets = c.budgets(derived)
-        plans = plan(draft.q, draft.tokens, self.acc, c, saved_s=rtt, token_s=token_s,
+        node_s = (costs.up_per_node + costs.down_per_node) / self.link.bandwidth() + NODE_PASS_S
+        plans = plan(draft.q, draft.tokens, self.acc, c, token_s=token_s, node_s=node_s,
                      costs=costs, budgets=budgets, ranks=draft.ranks, rec=self.rec)
         self.stats.budgets = {k: round(v, 2) for k, v in zip(BUDGETS, budgets.tolist())}
         out = []
@@ -407,13 +411,13 @@ class _Run:
         for t in res.tokens:
             x = n.drafted
             if x is not None and x.q is not None:
-                self.acc.update(float(x.q[x.token]), t == x.token)
+                g, conf = self._guess.pop(x.node_id, (None, float(x.q[x.token])))
+                self.acc.update(conf, t == x.token)
                 self.alpha += 0.05 * ((t == x.token) - self.alpha)
                 if t != x.token:
                     self.stats.cache.rejections += 1
                     if t in n.children:
                         self.stats.cache.hits += 1
-                    g = self._guess.pop(x.node_id, None)
                     if g is not None:  # the downlink revealed the recovered token: calibrate
                         self.rec.observe(g.index(t) if t in g else len(g))
             nxt = n.children.get(t)
@@ -429,7 +433,8 @@ class _Run:
         """Keep each drafted node's recovery guesses, to learn P(c | rejection) later."""
         ranks = draft.q if draft.ranks is None else draft.ranks
         for node, r in zip(made, ranks):
-            self._guess[node.node_id] = guesses(r, node.token, self.cfg.cache.guesses)
+            self._guess[node.node_id] = (guesses(r, node.token, self.cfg.cache.guesses),
+                                         float(r[node.token]))
         if len(self._guess) > 4 * self.cfg.max_window:  # forget nodes below the root
             root = tree.root.node_id
             self._guess = {k: v for k, v in self._guess.items() if k > root}

@@ -27,7 +27,7 @@ class CacheConfig:
     the measured link and device (acespec.edge.adaptive.LinkBudgets); a number fixes them."""
 
     guesses: int = 2  # recovery tokens considered per draft position
-    branch_depth: int = 2  # drafts below a guessed token
+    branch_depth: int = 4  # most drafts below a guessed token
     kv_bytes: float = 64e6  # edge memory for branch KV
     draft_ms: float | None = None  # edge draft time per chunk spent on branches
     uplink_bytes: float | None = None  # per chunk
@@ -66,8 +66,9 @@ class RecoveryModel:
 
 @dataclass
 class AcceptanceModel:
-    """P(accept) of a draft from its confidence q(x), calibrated online: Beta(2, 1) prior per
-    bin of q(x), updated with every verdict the walk reveals."""
+    """P(accept) of a draft from its confidence (the drafter's plain softmax at the draft:
+    q itself is one-hot under greedy decoding), calibrated online: Beta(2, 1) prior per bin
+    of confidence, updated with every verdict the walk reveals."""
 
     bins: int = 10
     accepted: np.ndarray = field(default_factory=lambda: np.full(10, 2.0))
@@ -121,16 +122,22 @@ class Costs:
 
 
 def plan(qs: np.ndarray, drafts: np.ndarray, acc: AcceptanceModel, cfg: CacheConfig,
-         saved_s: float, token_s: float, costs: Costs, budgets: np.ndarray,
+         token_s: float, node_s: float, costs: Costs, budgets: np.ndarray,
          ranks: np.ndarray | None = None, rec: RecoveryModel | None = None) -> list[Branch]:
     """Branches worth building for one chunk: drafts [n] drawn from qs [n, V]; guesses are
     ranked by `ranks` [n, V] (the drafter's plain softmax) when given, else by q; their
-    probabilities come from `rec` (calibrated on revealed recoveries) when given."""
+    probabilities come from `rec` (calibrated on revealed recoveries) when given.
+
+    A hit on a branch [c, d1..dk] decides c's successor and each accepted d_i without a new
+    round trip: the expected saving of node (j, c, i) is P(first rejection at j) *
+    P(c | rejection) * a^i * token_s (token_s: the current time per generated token), less
+    node_s, what one more node adds to the cycle (its bytes on the link, its share of the
+    verifier's pass): only branches that pay for themselves are candidates."""
     cands, reach = [], 1.0
     ranks = qs if ranks is None else ranks
     k = costs
-    for j, (q, r, x) in enumerate(zip(qs, ranks, drafts)):
-        a = acc.p(float(q[x]))
+    for j, (r, x) in enumerate(zip(ranks, drafts)):
+        a = acc.p(float(r[x]))  # confidence: the drafter's own probability of its draft
         rej = reach * (1 - a)
         rest = max(1e-9, 1 - float(r[x]))
         for rank, c in enumerate(guesses(r, int(x), cfg.guesses)):
@@ -139,11 +146,11 @@ def plan(qs: np.ndarray, drafts: np.ndarray, acc: AcceptanceModel, cfg: CacheCon
             if p_c <= 0:
                 continue
             root = (j, c, 0)
-            cands.append(Candidate(root, None, rej * p_c * saved_s,
+            cands.append(Candidate(root, None, rej * p_c * token_s - node_s,
                                    (k.kv_per_token, 0.0, k.up_per_node + 1, k.down_per_node, 1.0)))
             for d in range(1, cfg.branch_depth + 1):
                 cands.append(Candidate((j, c, d), (j, c, d - 1),
-                                       rej * p_c * a ** d * token_s,
+                                       rej * p_c * a ** d * token_s - node_s,
                                        (k.kv_per_token, k.draft_ms, k.up_per_node,
                                         k.down_per_node, 1.0)))
         reach *= a
