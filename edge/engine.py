@@ -383,7 +383,8 @@ class _Run:
                                            self.link.bandwidth(),
                                            self.draft_s * len(draft))
         budgets = c.budgets(derived)
-        node_s = (costs.up_per_node + costs.down_per_node) / self.link.bandwidth() + NODE_PASS_S
+        node_s = c.node_s if c.node_s is not None else \
+            (costs.up_per_node + costs.down_per_node) / self.link.bandwidth() + NODE_PASS_S
         plans = plan(draft.q, draft.tokens, self.acc, c, token_s=token_s, node_s=node_s,
                      costs=costs, budgets=budgets, ranks=draft.ranks, rec=self.rec)
         self.stats.budgets = {k: round(v, 2) for k, v in zip(BUDGETS, budgets.tolist())}

@@ -33,6 +33,7 @@ class CacheConfig:
     uplink_bytes: float | None = None  # per chunk
     downlink_bytes: float | None = None  # per chunk
     cloud_nodes: float = 8.0  # extra nodes per chunk
+    node_s: float | None = None  # what one branch node costs in time; None: from the link
 
     def budgets(self, derived: tuple[float, float, float] = (6.0, 24.0, 96.0)) -> np.ndarray:
         """[K] in the order of allocator.BUDGETS; `derived` fills the unset ones."""

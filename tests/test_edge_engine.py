@@ -25,7 +25,7 @@ from verifier_harness import run, running_verifier  # noqa: E402
 MODES = ("ar", "sd", "pipeline", "acespec")
 # Generous fixed state-cache budgets: tests of the hit mechanics, not of the budget policy.
 WIDE = CacheConfig(guesses=4, draft_ms=200.0, uplink_bytes=1e4, downlink_bytes=1e5,
-                   cloud_nodes=32)
+                   cloud_nodes=32, node_s=0.0)
 
 
 @pytest.fixture(scope="module")
