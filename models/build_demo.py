@@ -37,6 +37,12 @@ class BuildPreset:
     eval_prompts: int = 24
     eval_tokens: int = 96
     depths: tuple[int, ...] = (2, 4, 8)
+    # "distill": KL to the trained target's cached top-k (won the equal-time comparison of
+    # `acespec models compare-objectives`; see the card); "ce": next-token cross-entropy,
+    # trained alongside the target.
+    drafter_objective: str = "distill"
+    distill_top_k: int = 32
+    distill_pool_every: int = 4  # teacher cache: one batch per this many drafter steps
     extra: dict = field(default_factory=dict)
 
 
@@ -77,13 +83,26 @@ def token_stream(tok, corpus: Corpus, files: list[str]) -> np.ndarray:
 
 
 def _train_worker(which: str, args: ModelArgs, cfg: TrainConfig, stream_path: str,
-                  ckpt: str) -> dict:
-    """Runs in its own process (one core): trains and returns the state dict as numpy."""
+                  ckpt: str, teacher: tuple | None = None) -> dict:
+    """Runs in its own process (one core): trains and returns the state dict as numpy.
+    teacher = (target args, target state, top_k, pool_every) trains by distillation."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    import torch
+
     from acespec.models.train import train
 
     stream = np.load(stream_path, mmap_mode="r")
-    model = train(args, cfg, stream, Path(ckpt), label=which)
+    if teacher is None:
+        model = train(args, cfg, stream, Path(ckpt), label=which)
+    else:
+        from acespec.cloud.model import Transformer
+        from acespec.models.distill import train_distilled
+
+        t_args, t_state, k, pool_every = teacher
+        target = Transformer(t_args)
+        target.load_state_dict({n: torch.from_numpy(v) for n, v in t_state.items()})
+        model = train_distilled(args, cfg, target.eval(), stream, Path(ckpt).parent, k,
+                                pool_every, label=which)
     return {k: v.detach().numpy() for k, v in model.state_dict().items()}
 
 
@@ -119,10 +138,7 @@ def build_demo(out: Path, work: Path, preset_name: str = "demo", seed: int = 0) 
     log.info("token streams: %d train tokens", n_train)
     jobs = {w: (model_args(preset, w), preset.target_train if w == "target" else preset.drafter_train)
             for w in ("target", "drafter")}
-    with ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("spawn")) as pool:
-        futures = {w: pool.submit(_train_worker, w, a, c, str(streams["train"]),
-                                  str(work / f"{w}.ckpt")) for w, (a, c) in jobs.items()}
-        states = {w: f.result() for w, f in futures.items()}
+    states = _train_pair(preset, jobs, str(streams["train"]), work)
     models = {}
     for w, (args, _) in jobs.items():
         from acespec.cloud.model import Transformer
@@ -133,6 +149,28 @@ def build_demo(out: Path, work: Path, preset_name: str = "demo", seed: int = 0) 
     train_minutes = (time.time() - t_start) / 60
     return _export_and_measure(out, work, preset, corpus, models, streams, n_train,
                                train_minutes, seed)
+
+
+def _train_pair(preset: BuildPreset, jobs: dict, stream: str, work: Path) -> dict:
+    """Cross-entropy: target and drafter side by side, one core each. Distillation: the
+    target first, then the drafter from it (each in its own process, one core)."""
+    ctx = mp.get_context("spawn")
+    if preset.drafter_objective == "ce":
+        with ProcessPoolExecutor(max_workers=2, mp_context=ctx) as pool:
+            futures = {w: pool.submit(_train_worker, w, a, c, stream, str(work / f"{w}.ckpt"))
+                       for w, (a, c) in jobs.items()}
+            return {w: f.result() for w, f in futures.items()}
+    if preset.drafter_objective != "distill":
+        raise ValueError(f"unknown drafter objective {preset.drafter_objective!r}")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        t_args, t_cfg = jobs["target"]
+        target = pool.submit(_train_worker, "target", t_args, t_cfg, stream,
+                             str(work / "target.ckpt")).result()
+        d_args, d_cfg = jobs["drafter"]
+        teacher = (t_args, target, preset.distill_top_k, preset.distill_pool_every)
+        drafter = pool.submit(_train_worker, "drafter", d_args, d_cfg, stream,
+                              str(work / "drafter.ckpt"), teacher).result()
+    return {"target": target, "drafter": drafter}
 
 
 def _export_and_measure(out, work, preset, corpus, models, streams, n_train, train_minutes,

@@ -28,8 +28,18 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TeacherCache:
     windows: torch.Tensor  # [n, batch, seq_len + 1] int64
-    ids: torch.Tensor  # [n, batch, seq_len, k] int64 the target's top-k next tokens
-    logp: torch.Tensor  # [n, batch, seq_len, k] float32 their log-probabilities
+    ids: torch.Tensor  # [n, batch, seq_len, k] int16 the target's top-k next tokens
+    logp: torch.Tensor  # [n, batch, seq_len, k] float16 their log-probabilities
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        torch.save({"windows": self.windows, "ids": self.ids, "logp": self.logp}, tmp)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> TeacherCache:
+        d = torch.load(path)
+        return cls(d["windows"], d["ids"], d["logp"])
 
 
 def cache_teacher(target, stream: np.ndarray, cfg: TrainConfig, n: int, k: int) -> TeacherCache:
@@ -42,8 +52,8 @@ def cache_teacher(target, stream: np.ndarray, cfg: TrainConfig, n: int, k: int) 
             lp = torch.log_softmax(target.causal_logits(x[:, :-1]).float(), dim=-1)
             top = lp.topk(k, dim=-1)
             wins.append(x)
-            ids.append(top.indices)
-            logp.append(top.values)
+            ids.append(top.indices.to(torch.int16))  # vocabularies here are < 32768
+            logp.append(top.values.to(torch.float16))
             if (i + 1) % 25 == 0:
                 log.info("teacher cache: %d/%d batches", i + 1, n)
     return TeacherCache(torch.stack(wins), torch.stack(ids), torch.stack(logp))
@@ -54,10 +64,27 @@ def distill_loss(cache: TeacherCache):
     renormalised top-k distribution (= KL up to the target's entropy)."""
     def loss(logits: torch.Tensor, x: torch.Tensor, step: int) -> torch.Tensor:
         i = step % len(cache.windows)
-        p = torch.softmax(cache.logp[i], dim=-1)  # [B, T, k]
-        lq = torch.log_softmax(logits, dim=-1).gather(-1, cache.ids[i])  # [B, T, k]
+        p = torch.softmax(cache.logp[i].float(), dim=-1)  # [B, T, k]
+        lq = torch.log_softmax(logits, dim=-1).gather(-1, cache.ids[i].long())  # [B, T, k]
         return -(p * lq).sum(-1).mean()
     return loss
+
+
+def train_distilled(args, cfg: TrainConfig, target, stream: np.ndarray, work: Path, k: int,
+                    pool_every: int, label: str = "drafter"):
+    """The drafter trained by distillation from `target` (teacher cache kept in `work`, so
+    an interrupted build resumes without recomputing it)."""
+    from acespec.models.train import train
+
+    path = work / f"teacher-k{k}-n{max(1, cfg.steps // pool_every)}.pt"
+    if path.is_file():
+        cache = TeacherCache.load(path)
+    else:
+        cache = cache_teacher(target, stream, cfg, max(1, cfg.steps // pool_every), k)
+        cache.save(path)
+    n = len(cache.windows)
+    return train(args, cfg, stream, work / f"{label}-distill.ckpt", label=label,
+                 loss_fn=distill_loss(cache), batches=lambda s: cache.windows[s % n])
 
 
 def compare_objectives(demo: Path, work: Path, steps: int = 600, k: int = 32,
