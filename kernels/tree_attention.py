@@ -110,7 +110,7 @@ if triton is not None:
 
     @triton.jit
     def _tree_attn_kernel(
-            Q, K, V, O, BT, SEQ, CUQ, CUT, TSTART, BITS, SCHED_S, SCHED_M,
+            Q, K, V, Out, BT, SEQ, CUQ, CUT, TSTART, BITS, SCHED_S, SCHED_M,
             scale, W, max_blocks,
             sq_n, sq_h, sk_b, sk_s, sk_h, so_n, so_h,
             H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -166,7 +166,7 @@ if triton is not None:
             acc = acc * alpha[:, None] + pv
             m_i = m_new
         acc = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]
-        tl.store(O + rows[:, None] * so_n + h * so_h + d[None, :], acc.to(O.dtype.element_ty),
+        tl.store(Out + rows[:, None] * so_n + h * so_h + d[None, :], acc.to(Out.dtype.element_ty),
                  mask=rmask[:, None] & dmask[None, :])
 
 
@@ -239,7 +239,7 @@ def random_batch(n_sessions: int, ctx: int, tree: int, H: int, KV: int, D: int, 
     v_pool = torch.randn(sum(per), bs, KV, D, generator=g).to(dtype)
     q = torch.randn(n_sessions * tree, H, D, generator=g).to(dtype)
     cuts, words = [], []
-    for s in range(n_sessions):
+    for _ in range(n_sessions):
         parents = torch.arange(-1, ctx + tree - 1)
         for i in range(tree):
             parents[ctx + i] = ctx - 1 + int(torch.randint(0, i + 1, (1,), generator=g))

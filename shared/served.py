@@ -85,6 +85,16 @@ def quantize(probs: np.ndarray) -> np.ndarray:
     return units
 
 
+def _top_k(logits: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest logits, ties at the k-th value taken lowest id first (so the
+    choice is a function of the logits alone, as in the fused encoder kernel)."""
+    if k >= len(logits):
+        return np.arange(len(logits))
+    kth = np.partition(logits, len(logits) - k)[len(logits) - k]  # the k-th largest
+    above = np.nonzero(logits > kth)[0]
+    return np.concatenate([above, np.nonzero(logits == kth)[0][: k - len(above)]])
+
+
 def served(logits: np.ndarray, params: ServeParams) -> ServedDist:
     """p~ for one node from its logits [V] (any float dtype)."""
     logits = np.asarray(logits, dtype=np.float64)
@@ -92,7 +102,7 @@ def served(logits: np.ndarray, params: ServeParams) -> ServedDist:
     if s.greedy:
         return ServedDist(ids=np.array([int(logits.argmax())]), units=np.array([UNITS]))
     k = min(params.k, len(logits))
-    top = np.argpartition(-logits, k - 1)[:k] if k < len(logits) else np.arange(len(logits))
+    top = _top_k(logits, k)
     top = top[np.lexsort((top, -logits[top]))]  # descending logit, lower id on ties
     z = (logits[top] - logits[top[0]]) / s.temperature
     probs = np.exp(z)

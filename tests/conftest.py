@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import settings
+
+# No GPU here: Triton kernels run in its CPU interpreter (must be set before triton loads).
+# On a CUDA machine, ACESPEC_TRITON_GPU=1 runs them natively instead.
+if os.environ.get("ACESPEC_TRITON_GPU") != "1":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # CI must be reproducible: the same examples on every run.
 settings.register_profile("acespec", derandomize=True, database=None)

@@ -127,3 +127,15 @@ def test_malformed_scores_and_sampling_are_named():
         decode_serve_params(pb.Sampling(top_p=1.5))
     p = ServeParams(SamplingParams(0.7, 5, 0.9), k_max=32, send_mass=0.8, tail_samples=0)
     assert decode_serve_params(encode_serve_params(p)) == p
+
+
+def test_top_k_ties_take_the_lowest_ids():
+    """At the k-th value, ties go to the lowest ids: p~ is a function of the logits alone
+    (numpy's argpartition would pick an arbitrary subset)."""
+    from acespec.shared.config import SamplingParams
+    from acespec.shared.served import ServeParams, served
+
+    logits = np.zeros(300)
+    logits[[7, 250]] = 1.0
+    d = served(logits, ServeParams(SamplingParams(temperature=1.0, top_k=5)))
+    assert sorted(d.ids.tolist()) == [0, 1, 2, 7, 250]
