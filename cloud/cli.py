@@ -19,6 +19,9 @@ def add_parser(sub) -> None:
     s.add_argument("--port", type=int, default=50051, help="gRPC port, 0 = any (default: %(default)s)")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     s.add_argument("--device", default="cpu", help="torch device, e.g. cuda:0 (default: cpu)")
+    s.add_argument("--kernels", default="auto", choices=["auto", "triton", "torch"],
+                   help="tree attention + served encoder: Triton kernels or the torch "
+                   "reference (default auto: Triton on CUDA when installed; logged at start)")
     s.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (default 0: 1 for models under 50M parameters)")
     s.add_argument("--auth-token-file", help="file with one accepted bearer token per line")
@@ -81,7 +84,8 @@ def run_serve(args) -> int:
                           max_prompt_tokens=args.max_prompt_tokens),
             auth_tokens=_tokens(args.auth_token_file), tls_cert=args.tls_cert,
             tls_key=args.tls_key, metrics_port=args.metrics_port,
-            emulation=StepEmulation.parse(args.emulate_step_ms), grace_s=args.grace)
+            emulation=StepEmulation.parse(args.emulate_step_ms), grace_s=args.grace,
+            kernels=args.kernels)
         asyncio.run(serve(cfg))
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"acespec cloud serve: error: {e}", file=sys.stderr)

@@ -131,7 +131,7 @@ class Engine:
         logits = await self.batcher.score(Request(list(prompt), cache, None, last_only=True))
         stop = set(stop)
         for i in range(max_tokens):
-            dist = served(logits[-1].numpy(), params)
+            dist = served(logits[-1].cpu().numpy(), params)
             u = np.random.default_rng([seed, len(prompt) + i]).random()
             token = sample_served(dist, u)
             yield token

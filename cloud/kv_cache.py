@@ -1,13 +1,20 @@
-"""A per-sequence KV cache whose slots form a tree.
+"""A per-sequence KV cache whose slots form a tree, stored in a shared paged pool.
 
 Slots are appended in topological order (a parent always has a lower slot than its
 children). The attention pattern is encoded cheaply: slots [0, n_linear) are a chain
 (slot i's parent is i-1) and every node sees the chain up to its deepest chain ancestor
 (`cutoff`), plus an explicit set of its ancestors among the tree slots beyond the chain.
+
+Storage is paged (DESIGN §9): every sequence of a model takes fixed-size blocks from one
+`PagePool` ([blocks, block_size, kv_heads, head_dim] per layer) and keeps a block table, so
+one kernel launch can attend over many sessions' caches; blocks return to the pool when a
+sequence shrinks (commit) or is dropped.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,19 +36,71 @@ class Plan:
     mask: torch.Tensor  # [n_new, start + n_new] bool, True = may attend
 
 
+class PagePool:
+    """Fixed-size KV blocks shared by the sequences of one model: per layer
+    k, v [n_blocks, block_size, n_kv_heads, head_dim]. Grows by doubling; thread-safe."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu", block_size: int = 16, n_blocks: int = 64):
+        self.block_size, self.num_layers = block_size, num_layers
+        shape = (n_blocks, block_size, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.free_blocks = list(range(n_blocks))[::-1]
+        self.lock = threading.RLock()
+
+    @property
+    def n_blocks(self) -> int:
+        return self.k[0].shape[0]
+
+    def __deepcopy__(self, memo) -> PagePool:
+        """A copied model gets an empty pool of its own (sequences are not copied)."""
+        k = self.k[0]
+        return PagePool(self.num_layers, k.shape[2], k.shape[3], k.dtype, k.device,
+                        self.block_size)
+
+    def alloc(self, n: int) -> list[int]:
+        with self.lock:
+            while len(self.free_blocks) < n:
+                self._grow()
+            return [self.free_blocks.pop() for _ in range(n)]
+
+    def free(self, blocks: list[int]) -> None:
+        with self.lock:
+            self.free_blocks.extend(blocks)
+            blocks.clear()
+
+    def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v of a layer viewed as [n_blocks * block_size, n_kv, head_dim]."""
+        k, v = self.k[layer], self.v[layer]
+        return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
+
+    def _grow(self) -> None:
+        old = self.n_blocks
+        for lst in (self.k, self.v):
+            for i, t in enumerate(lst):
+                lst[i] = torch.cat([t, torch.zeros_like(t)])
+        self.free_blocks = list(range(old, 2 * old))[::-1] + self.free_blocks
+
+
 class KVCache:
-    """Keys/values of one sequence: per layer [n_kv_heads, capacity, head_dim]."""
+    """Keys/values of one sequence: slots in blocks of a PagePool (its own, if none given)."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu", capacity: int = 256):
-        shape = (num_kv_heads, capacity, head_dim)
-        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+                 dtype: torch.dtype, device: torch.device | str = "cpu", capacity: int = 256,
+                 pool: PagePool | None = None):
+        self.pool = pool or PagePool(num_layers, num_kv_heads, head_dim, dtype, device,
+                                     n_blocks=max(1, -(-capacity // 16)))
+        self.device = self.pool.k[0].device
+        self.blocks: list[int] = []  # block table: slot s lives in blocks[s // block_size]
+        self._table = torch.zeros(0, dtype=torch.long, device=self.device)
+        weakref.finalize(self, self.pool.free, self.blocks)  # blocks go back when dropped
         self.parent: list[int] = []  # [length] parent slot, ROOT for none
         self.depth: list[int] = []  # [length] RoPE position
         self._cutoff: list[int] = []  # [length] chain slots < cutoff are ancestors-or-self
         self._extra: list[frozenset[int]] = []  # [length] tree ancestors-or-self beyond the chain
         self.n_linear = 0
+        self._reserve(capacity)
 
     @property
     def length(self) -> int:
@@ -49,10 +108,27 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        return self.k[0].shape[1]
+        return len(self.blocks) * self.pool.block_size
 
     def nbytes(self) -> int:
-        return sum(t[:, : self.length].nbytes for t in self.k + self.v)
+        k = self.pool.k[0]
+        return 2 * self.pool.num_layers * self.length * k[0, 0].numel() * k.element_size()
+
+    @property
+    def block_table(self) -> torch.Tensor:
+        """[n_blocks] int64 on the device."""
+        return self._table
+
+    def slots_to_flat(self, slots: torch.Tensor) -> torch.Tensor:
+        """Pool rows (of PagePool.flat) of slots [n] int64."""
+        bs = self.pool.block_size
+        return self._table[slots // bs] * bs + slots % bs
+
+    def release(self) -> None:
+        """Return every block to the pool (the cache is empty afterwards)."""
+        self.truncate(0)
+        self.pool.free(self.blocks)
+        self._table = self._table[:0]
 
     def plan(self, parents: Sequence[int] | None, n_new: int) -> Plan:
         """Validate and record n_new nodes; parents are slots (ROOT allowed), None = a chain
@@ -66,10 +142,10 @@ class KVCache:
             if not ROOT <= p < start + i:
                 raise TreeError(f"node {start + i}: parent {p} is not an earlier slot")
         if start + n_new > self.capacity:
-            self._grow(start + n_new)
+            self._reserve(max(start + n_new, 2 * self.capacity))
         for p in parents:
             self._append(int(p))
-        device = self.k[0].device
+        device = self.device
         end = start + n_new
         cols = torch.arange(end, device=device)
         cutoff = torch.tensor(self._cutoff[start:end], device=device)
@@ -95,13 +171,19 @@ class KVCache:
             self._cutoff.append(self._cutoff[p])
             self._extra.append(self._extra[p] | {slot})
 
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
-        """Store k, v [n_kv, n_new, hd] at slots [start, start+n_new); return the cache
-        views [n_kv, start+n_new, hd] the new queries attend over."""
-        end = start + k.shape[1]
-        self.k[layer][:, start:end] = k
-        self.v[layer][:, start:end] = v
-        return self.k[layer][:, :end], self.v[layer][:, :end]
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [n_new, n_kv, hd] at slots [start, start+n_new)."""
+        rows = self.slots_to_flat(torch.arange(start, start + k.shape[0], device=self.device))
+        with self.pool.lock:
+            fk, fv = self.pool.flat(layer)
+            fk[rows], fv[rows] = k, v
+
+    def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of k, v [n_kv, end, hd] of slots [0, end) (the reference attention path)."""
+        rows = self.slots_to_flat(torch.arange(end, device=self.device))
+        with self.pool.lock:
+            fk, fv = self.pool.flat(layer)
+            return fk[rows].transpose(0, 1), fv[rows].transpose(0, 1)
 
     def truncate(self, length: int) -> None:
         """Forget slots >= length (e.g. a forward pass that failed)."""
@@ -130,21 +212,33 @@ class KVCache:
                 raise TreeError(f"slot {old} kept but its parent {p} is not")
         # Slots before the first gap stay where they are: copy only what moves.
         same = next((i for i, old in enumerate(keep) if old != i), len(keep))
-        index = torch.tensor(keep[same:], dtype=torch.long, device=self.k[0].device)
         n = len(keep)
-        for layer in range(len(self.k)):
-            self.k[layer][:, same:n] = self.k[layer].index_select(1, index)
-            self.v[layer][:, same:n] = self.v[layer].index_select(1, index)
+        src = self.slots_to_flat(torch.tensor(keep[same:], dtype=torch.long, device=self.device))
+        dst = self.slots_to_flat(torch.arange(same, n, device=self.device))
+        with self.pool.lock:
+            for layer in range(self.pool.num_layers):
+                fk, fv = self.pool.flat(layer)
+                fk[dst], fv[dst] = fk[src], fv[src]
         parents = [self.parent[o] for o in keep]
         self.truncate(0)
         for p in parents:  # ancestor-closed, so depths (RoPE positions) are unchanged
             self._append(ROOT if p == ROOT else remap[p])
+        if self.capacity > 2 * self.length + 2 * self.pool.block_size:
+            self.shrink()  # a long branch was dropped: its blocks serve other sessions
         return remap
 
-    def _grow(self, needed: int) -> None:
-        cap = max(needed, 2 * self.capacity)
-        for lst in (self.k, self.v):
-            for i, t in enumerate(lst):
-                bigger = torch.empty((t.shape[0], cap, t.shape[2]), dtype=t.dtype, device=t.device)
-                bigger[:, : self.length] = t[:, : self.length]
-                lst[i] = bigger
+    def _reserve(self, slots: int) -> None:
+        """Own enough blocks for `slots` slots."""
+        need = -(-slots // self.pool.block_size) - len(self.blocks)
+        if need > 0:
+            self.blocks.extend(self.pool.alloc(need))
+            self._table = torch.tensor(self.blocks, dtype=torch.long, device=self.device)
+
+    def shrink(self) -> None:
+        """Give back the blocks past the last slot (after a commit)."""
+        keep = max(1, -(-self.length // self.pool.block_size))
+        if len(self.blocks) > keep:
+            extra = self.blocks[keep:]
+            del self.blocks[keep:]
+            self.pool.free(extra)
+            self._table = self._table[:keep]

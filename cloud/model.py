@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from acespec.cloud.config import ModelArgs
-from acespec.cloud.kv_cache import KVCache, Plan
+from acespec.cloud.kv_cache import KVCache, PagePool, Plan
 
 
 @dataclass
@@ -100,22 +100,33 @@ class Attention(nn.Module):
         return self.o_proj(o.transpose(1, 2).flatten(2))
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                reqs: Sequence[Request], plans: Sequence[Plan]) -> torch.Tensor:
-        """x [N, d] for all new nodes of all requests, in request order."""
-        a = self.args
+                reqs: Sequence[Request], plans: Sequence[Plan], tree=None) -> torch.Tensor:
+        """x [N, d] for all new nodes of all requests, in request order. tree: the batch's
+        paged-attention arguments (acespec.cloud.attention) for the Triton path, else None."""
         q, k, v = self._qkv(x, rope)
-        out, offset = [], 0
+        offset = 0
         for req, plan in zip(reqs, plans):
             n = len(req.tokens)
-            sl = slice(offset, offset + n)
-            keys, values = req.cache.write(self.layer, plan.start,
-                                           k[sl].transpose(0, 1), v[sl].transpose(0, 1))
-            o = F.scaled_dot_product_attention(
-                q[sl].transpose(0, 1)[None], keys[None], values[None],
-                attn_mask=plan.mask[None, None], enable_gqa=a.num_heads != a.num_kv_heads)
-            out.append(o[0].transpose(0, 1).reshape(n, -1))  # [n, h*hd]
+            req.cache.write(self.layer, plan.start, k[offset:offset + n], v[offset:offset + n])
             offset += n
-        return self.o_proj(torch.cat(out))
+        if tree is not None:
+            o = tree.attend(self.layer, q)
+        else:
+            o = self._reference(q, reqs, plans)
+        return self.o_proj(o.flatten(1))
+
+    def _reference(self, q: torch.Tensor, reqs, plans) -> torch.Tensor:
+        """Per sequence: SDPA over the cache's slots with the plan's dense mask."""
+        a, out, offset = self.args, [], 0
+        for req, plan in zip(reqs, plans):
+            n = len(req.tokens)
+            keys, values = req.cache.read(self.layer, plan.start + n)
+            o = F.scaled_dot_product_attention(
+                q[offset:offset + n].transpose(0, 1)[None], keys[None], values[None],
+                attn_mask=plan.mask[None, None], enable_gqa=a.num_heads != a.num_kv_heads)
+            out.append(o[0].transpose(0, 1))  # [n, h, hd]
+            offset += n
+        return torch.cat(out)
 
 
 class MLP(nn.Module):
@@ -138,8 +149,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, x, rope, reqs, plans):
-        x = x + self.self_attn(self.input_layernorm(x), rope, reqs, plans)
+    def forward(self, x, rope, reqs, plans, tree=None):
+        x = x + self.self_attn(self.input_layernorm(x), rope, reqs, plans, tree)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -161,6 +172,8 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.kernels = "torch"  # attention path: "torch" (reference) or "triton"
+        self._pool: PagePool | None = None
 
     @property
     def device(self) -> torch.device:
@@ -171,8 +184,14 @@ class Transformer(nn.Module):
         return self.lm_head.weight.dtype
 
     def new_cache(self, capacity: int = 256) -> KVCache:
+        """An empty sequence cache in the model's shared page pool."""
         a = self.args
-        return KVCache(a.num_layers, a.num_kv_heads, a.head_dim, self.dtype, self.device, capacity)
+        if self._pool is None or self._pool.k[0].dtype != self.dtype \
+                or self._pool.k[0].device != self.device:
+            self._pool = PagePool(a.num_layers, a.num_kv_heads, a.head_dim, self.dtype,
+                                  self.device)
+        return KVCache(a.num_layers, a.num_kv_heads, a.head_dim, self.dtype, self.device,
+                       capacity, pool=self._pool)
 
     @torch.inference_mode()
     def forward_batch(self, reqs: Sequence[Request]) -> list[torch.Tensor]:
@@ -212,8 +231,13 @@ class Transformer(nn.Module):
         ids = torch.tensor([t for r in reqs for t in r.tokens], dtype=torch.long, device=self.device)
         rope = self._rope(torch.cat([p.positions for p in plans]))
         x = self.model.embed_tokens(ids)
+        tree = None
+        if self.kernels == "triton":
+            from acespec.cloud.attention import TreeBatch
+
+            tree = TreeBatch.build(reqs, plans, self.args)
         for layer in self.model.layers:
-            x = layer(x, rope, reqs, plans)
+            x = layer(x, rope, reqs, plans, tree)
         sizes = [len(r.tokens) for r in reqs]
         if any(r.last_only for r in reqs):
             ends = torch.tensor(sizes, device=self.device).cumsum(0)

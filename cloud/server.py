@@ -37,6 +37,7 @@ class ServerConfig:
     emulation: StepEmulation = field(default_factory=StepEmulation)
     grace_s: float = 10.0
     default_params: ServeParams = field(default_factory=ServeParams)
+    kernels: str = "auto"  # verifier kernels: auto (Triton on CUDA), triton, torch
 
 
 def load_engine(cfg: ServerConfig, metrics=None) -> Engine:
@@ -47,6 +48,9 @@ def load_engine(cfg: ServerConfig, metrics=None) -> Engine:
     path = Path(cfg.model or DEMO_TARGET)
     model = load_model(path, dtype=cfg.dtype, device=cfg.device)
     set_threads(model, cfg.threads)
+    from acespec.cloud.attention import select_kernels
+
+    model.kernels = select_kernels(cfg.kernels, model.device)
     vocab_hash = Tokenizer.load(path).vocab_hash()
     model_id = f"{path.resolve().name}:{model.args.arch}"
     if cfg.emulation.base_ms or cfg.emulation.per_node_ms:

@@ -60,7 +60,9 @@ class TreeSession:
         return Request(list(map(int, prompt)), self.cache, None, last_only=True)
 
     def finish_open(self, logits: torch.Tensor) -> NodeScore:
-        return self._score(0, logits[-1].numpy(), self_units=0)
+        if self._encoder():
+            return self._score_encoded(0, logits[-1:])[0]
+        return self._score(0, logits[-1].cpu().numpy(), self_units=0)
 
     # -- extend ----------------------------------------------------------------
 
@@ -89,7 +91,9 @@ class TreeSession:
 
     def finish_extend(self, first_id: int, logits: torch.Tensor) -> list[NodeScore]:
         self.pending = 0
-        rows = logits.numpy()
+        if self._encoder():
+            return self._score_encoded(first_id, logits)
+        rows = logits.cpu().numpy()
         out = []
         for i, row in enumerate(rows):
             node = self.nodes[first_id + i]
@@ -143,6 +147,36 @@ class TreeSession:
         return node_score(node.dist, self.params, node_id, self_units, self.seed,
                           self._decides(node))
 
+    def _encoder(self) -> bool:
+        """The fused Triton encoder serves sampled sessions when the model runs Triton."""
+        return self.model.kernels == "triton" and not self.params.sampling.greedy
+
+    def _score_encoded(self, first_id: int, logits: torch.Tensor) -> list[NodeScore]:
+        """Score nodes first_id.. from logits [n, V] (on the device) in one encoder call."""
+        from acespec.kernels.served_encoder import encode
+
+        ids = range(first_id, first_id + len(logits))
+        nodes = [self.nodes[i] for i in ids]
+        in_batch = [n.parent - first_id if first_id <= n.parent < first_id + len(nodes) else -1
+                    for n in nodes]
+        enc = encode(logits, self.params, self.seed, [self._decides(n) for n in nodes],
+                     [n.token for n in nodes], in_batch, kmax=_pow2(self.params.k_max))
+        out = []
+        for i, (nid, node) in enumerate(zip(ids, nodes)):
+            c, s = enc.count[i], enc.n_sent[i]
+            m = self.params.tail_samples if c > s else 0  # no tail, no samples
+            node.dist = ServedDist(ids=enc.ids[i, :c], units=enc.units[i, :c])
+            node.tails_issued = self.params.tail_samples
+            if in_batch[i] >= 0 or node.parent < 0:
+                self_units = int(enc.self_units[i])
+            else:
+                self_units = self.nodes[node.parent].dist.units_of(node.token)
+            order = np.argsort(node.dist.ids[:s])
+            out.append(NodeScore(nid, self_units, node.dist.ids[:s][order],
+                                 node.dist.units[:s][order], int(enc.tail_units[i]),
+                                 enc.tail_ids[i, :m], enc.tail_sample_units[i, :m]))
+        return out
+
     def _decides(self, node: Node) -> int:
         """Position of the token this node's p~ decides (its own position + 1)."""
         return self.cache.depth[node.slot] + 1
@@ -155,3 +189,7 @@ class TreeSession:
         if bad:
             raise InvalidArgument(f"{field}: token id {bad[0]} is outside the vocabulary "
                                   f"[0, {vocab})")
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()

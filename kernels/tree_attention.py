@@ -33,35 +33,34 @@ except ImportError:  # the reference works without Triton
 # -- the mask, from parent pointers, on the device ----------------------------------
 
 
-def tree_masks(parents: torch.Tensor, tree_start: int, query_slots: torch.Tensor,
+def tree_masks(region_parents: torch.Tensor, tree_start: int, query_slots: torch.Tensor,
                words: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """For one session: parents [L] int64 (slot -> parent slot, -1 for none; slots are in
-    topological order, parent < child) and the slots of its queries [n] int64.
-    Returns (cutoff [n] int32, bits [n, W] int64). Slots < tree_start must form a chain."""
-    dev, L = parents.device, parents.shape[0]
-    n_tree = max(0, L - tree_start)
+    """For one session: the parent slots [n_tree] int64 of its tree region (slots
+    tree_start.., in topological order; -1 for none; slots below tree_start form a chain)
+    and the slots of its queries [n] int64. Returns (cutoff [n] int32, bits [n, W] int64)."""
+    dev = region_parents.device
+    n_tree = region_parents.shape[0]
     W = words if words is not None else max(1, math.ceil(n_tree / 64))
-    # Ancestor-or-self bitmasks of the tree region by pointer doubling: after step s each
-    # row holds its ancestors up to distance 2^s; log2(n) steps reach the chain.
+    # Ancestor-or-self bitmasks by pointer doubling: after step s each row holds its
+    # ancestors up to distance 2^(s+1) - 1; log2(n) + 1 steps reach the chain.
     idx = torch.arange(n_tree, device=dev)
     bits = torch.zeros(n_tree, W, dtype=torch.int64, device=dev)
-    if n_tree:
-        word, bit = idx // 64, idx % 64
-        bits[idx, word] = _bit(bit)
-    up = (parents[tree_start:] - tree_start) if n_tree else idx  # [n_tree] region parent
-    chain_anc = torch.where(up < 0, parents[tree_start:] if n_tree else idx, -1)
-    for _ in range(max(1, math.ceil(math.log2(max(n_tree, 2))) + 1)):
+    bits[idx, idx // 64] = _bit(idx % 64)
+    up = region_parents - tree_start  # [n_tree] parent's region index, < 0: in the chain
+    chain_anc = torch.where(up < 0, region_parents, -1)  # deepest chain ancestor, once known
+    for _ in range(math.ceil(math.log2(max(n_tree, 2))) + 1):
         has = up >= 0
         safe = up.clamp(min=0)
         bits = torch.where(has[:, None], bits | bits[safe], bits)
         chain_anc = torch.where(has & (chain_anc < 0), chain_anc[safe], chain_anc)
         up = torch.where(has, up[safe], up)
     in_tree = query_slots >= tree_start
-    row = (query_slots - tree_start).clamp(min=0)
-    q_bits = torch.where(in_tree[:, None], bits[row] if n_tree else
-                         torch.zeros(len(query_slots), W, dtype=torch.int64, device=dev), 0)
-    cutoff = torch.where(in_tree, chain_anc[row] + 1 if n_tree else query_slots + 1,
-                         query_slots + 1)
+    row = (query_slots - tree_start).clamp(0, max(n_tree - 1, 0))
+    if n_tree == 0:
+        zeros = torch.zeros(len(query_slots), W, dtype=torch.int64, device=dev)
+        return (query_slots + 1).to(torch.int32), zeros
+    q_bits = torch.where(in_tree[:, None], bits[row], 0)
+    cutoff = torch.where(in_tree, chain_anc[row] + 1, query_slots + 1)
     return cutoff.to(torch.int32), q_bits
 
 
@@ -240,9 +239,8 @@ def random_batch(n_sessions: int, ctx: int, tree: int, H: int, KV: int, D: int, 
     q = torch.randn(n_sessions * tree, H, D, generator=g).to(dtype)
     cuts, words = [], []
     for _ in range(n_sessions):
-        parents = torch.arange(-1, ctx + tree - 1)
-        for i in range(tree):
-            parents[ctx + i] = ctx - 1 + int(torch.randint(0, i + 1, (1,), generator=g))
+        parents = torch.tensor([ctx - 1 + int(torch.randint(0, i + 1, (1,), generator=g))
+                                for i in range(tree)])
         c, b = tree_masks(parents, ctx, torch.arange(ctx, ctx + tree), words=max(1, -(-tree // 64)))
         cuts.append(c)
         words.append(b)

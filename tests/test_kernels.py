@@ -45,7 +45,7 @@ def test_tree_masks_equal_the_verifier_cache_mask(seed):
         start = cache.length
         parents = [int(rng.integers(max(0, start - 60), start + i)) for i in range(n)]
         plan = cache.plan(parents, n)
-        par = torch.tensor(cache.parent)
+        par = torch.tensor(cache.parent[cache.n_linear:], dtype=torch.long)
         cutoff, bits = tree_masks(par, cache.n_linear, torch.arange(start, start + n))
         got = dense_mask(cutoff, bits, cache.n_linear, start + n)
         assert torch.equal(got, plan.mask), (seed, start, n)
@@ -84,8 +84,7 @@ def test_tree_attention_deep_chain_and_unequal_sessions():
         n_pages = -(-L // bs)
         table_rows.append(list(range(pages, pages + n_pages))[::-1])
         pages += n_pages
-        par = torch.cat([torch.arange(-1, ctx - 1), torch.tensor(parents)])
-        c, b = tree_masks(par, ctx, torch.arange(ctx, L), words=1)
+        c, b = tree_masks(torch.tensor(parents), ctx, torch.arange(ctx, L), words=1)
         cuts.append(c)
         bits.append(b)
         lens.append(L)
