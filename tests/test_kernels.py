@@ -131,3 +131,16 @@ def test_served_encoder_equals_reference(case):
               "tail_sample_units", "self_units"):
         assert np.array_equal(getattr(got, f), getattr(ref, f)), f
     assert got.self_units[1] > 0
+
+
+def test_gpucheck_script_runs_in_the_interpreter(tmp_path):
+    """The GPU check script's own code path, on tiny shapes (no GPU here)."""
+    import json
+
+    from acespec.kernels.gpucheck import main
+
+    out = tmp_path / "rows.json"
+    assert main(["--cpu-smoke", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert {r["kernel"] for r in rows} == {"tree_attention", "served_encoder"}
+    assert all(r["ok"] for r in rows)
