@@ -64,7 +64,8 @@ async def create_server(engine: Engine, cfg: ServerConfig) -> tuple[grpc.aio.Ser
     """A started server bound to cfg.host:cfg.port (0 = any free port); returns (server, port)."""
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 << 20)])
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 << 20),
+                                      ("grpc.http2.bdp_probe", 0)])  # see edge CHANNEL_OPTIONS
     servicer = VerifierServicer(engine, cfg.auth_tokens, cfg.idle_timeout_s, cfg.default_params)
     pb_grpc.add_VerifierServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()

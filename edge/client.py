@@ -30,7 +30,10 @@ class Tail:
 CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
                    ("grpc.min_reconnect_backoff_ms", 100),
                    ("grpc.max_reconnect_backoff_ms", 2000),
-                   ("grpc.keepalive_time_ms", 20000)]
+                   ("grpc.keepalive_time_ms", 20000),
+                   # No bandwidth-delay-product probing: a PING (and its ACK) per burst of
+                   # data costs more than the tokens on a 50 kbit/s link; windows are ample.
+                   ("grpc.http2.bdp_probe", 0)]
 
 
 def channel(target: str, tls_root_cert: bytes | None = None) -> grpc.aio.Channel:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -35,7 +36,21 @@ def add_bench_parser(sub) -> None:
         description="Start the verifier (with a big-model step-time profile), a link emulator "
         "and the edge; run every mode on every prompt through the same link; report tokens/s, "
         "TTFT, inter-token latency, acceptance, wire bytes/token (socket level), target "
-        "forwards/token, the ideal bound and speedups over ar and sd.")
+        "forwards/token, the ideal bound and speedups over ar and sd.\n\n"
+        "  acespec bench calibrate --out costs.json   measure the discrete-event model's costs\n"
+        "  acespec bench sweep --calibration costs.json [--accept 0.8]   sweep it",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("what", nargs="?", default="run", choices=["run", "calibrate", "sweep"],
+                   help="run the real benchmark (default), calibrate the model, or sweep it")
+    b.add_argument("--calibration", help="sweep: costs JSON from 'bench calibrate'")
+    b.add_argument("--accept", type=float, help="sweep: per-position acceptance (default: "
+                   "the calibrated pair's)")
+    b.add_argument("--hit-rate", type=float, help="sweep: acespec cache hit rate (default: "
+                   "calibrated)")
+    b.add_argument("--rates", default="20kbit,50kbit,200kbit,1mbit,10mbit",
+                   help="sweep: link rates (default: %(default)s)")
+    b.add_argument("--rtts", default="10ms,50ms,100ms,200ms", help="sweep: RTTs")
+    b.add_argument("--depths", default="2,4,8", help="sweep: draft depths")
     b.add_argument("--link", default="50kbit:50ms", help="RATE:RTT list, or 'loopback' "
                    "(default: %(default)s)")
     b.add_argument("--modes", default="ar,sd,pipeline,acespec")
@@ -57,6 +72,10 @@ def add_bench_parser(sub) -> None:
 
 
 def run_bench_cli(args) -> int:
+    if args.what == "calibrate":
+        return _calibrate(args)
+    if args.what == "sweep":
+        return _sweep(args)
     import asyncio
     import json
 
@@ -99,6 +118,51 @@ def run_bench_cli(args) -> int:
     if args.plot:
         for f in plot(summary, cats, args.plot):
             print(f"plot: {f}")
+    return 0
+
+
+def _calibrate(args) -> int:
+    import json
+
+    from acespec.sim.calibrate import calibrate
+
+    print("calibrating: drafter, target passes and wire bytes of real sessions (loopback) ...",
+          file=sys.stderr, flush=True)
+    data = calibrate(args.model, args.drafter, args.emulate_step_ms,
+                     per_category=min(args.per_category, 2), max_tokens=args.max_tokens)
+    text = json.dumps(data, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+def _sweep(args) -> int:
+    import json
+
+    from acespec.sim.bench import markdown
+    from acespec.sim.calibrate import load_calibration
+    from acespec.sim.des import Costs
+    from acespec.sim.stages import parse_rate, parse_time
+    from acespec.sim.sweep import best_per_link, sweep
+
+    try:
+        costs, data = load_calibration(args.calibration) if args.calibration else (Costs(), {})
+        rates = [parse_rate(r) for r in args.rates.split(",")]
+        rtts = [parse_time(t) for t in args.rtts.split(",")]
+        depths = [int(d) for d in args.depths.split(",")]
+    except (ValueError, OSError, KeyError) as e:
+        print(f"acespec bench sweep: error: {e}", file=sys.stderr)
+        return 2
+    accept = args.accept if args.accept is not None else data.get("acceptance", 0.8)
+    hit = args.hit_rate if args.hit_rate is not None else data.get("hit_rate", 0.5)
+    rows = sweep(costs, accept, hit, rates, rtts, depths)
+    print(f"discrete-event model: acceptance {accept}, hit rate {hit}, costs "
+          f"{'from ' + args.calibration if args.calibration else '(defaults)'}; best depth per link")
+    print(markdown(best_per_link(rows)))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"accept": accept, "hit_rate": hit,
+                                              "rows": rows}, indent=1))
     return 0
 
 

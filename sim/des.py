@@ -4,8 +4,12 @@ Edge: one worker that drafts (draft_s per token) and applies verdicts. Cloud: on
 that scores whatever Extends have arrived in one pass, T(n) = base + per_node * n. Link: the
 same stages as the emulator (acespec.sim.stages), on a virtual clock. Acceptance: each draft
 is accepted with probability `accept` (independently), from a seeded Generator. `acespec`
-adds recovery branches: a rejection is a cache hit with probability `hit_rate` (the walk
-then continues down a pre-scored branch), and each chunk carries `branch_nodes` more nodes.
+adds recovery branches: a rejection is a cache hit with probability `hit_rate`, and each
+chunk carries `branch_nodes` more nodes. A hit decides the branch's tokens (its
+`branch_depth` drafts, each accepted with `accept`, then one more) without a round trip;
+then, as AceSpec is implemented today, drafting restarts from there like after a miss.
+With `hit_continues` the model is the ideal state cache whose branches carry whole
+continuations: a hit loses nothing and the pipeline keeps flowing.
 Costs come from `acespec bench calibrate` (measured components) or are given directly.
 """
 
@@ -43,6 +47,8 @@ class Scenario:
     tokens: int = 200
     hit_rate: float = 0.7  # acespec: P(rejection lands on a pre-scored branch)
     branch_nodes: int = 2  # acespec: extra nodes per chunk
+    branch_depth: int = 1  # acespec: drafts below a branch's guessed token
+    hit_continues: bool = False  # acespec: the ideal cache (a hit costs no restart)
     seed: int = 0
 
 
@@ -125,8 +131,12 @@ def _pipeline(sc: Scenario, c: Costs) -> SimResult:
             out += k
             if k < ch["n"]:
                 out += 1  # the recovered token
-                if not (sc.mode == "acespec" and rng.random() < sc.hit_rate):
-                    rounds, epoch, head = rounds + 1, epoch + 1, 1  # a miss: restart
+                hit = sc.mode == "acespec" and rng.random() < sc.hit_rate
+                if hit and sc.hit_continues:
+                    continue  # the chunks in flight carry on as the branch's continuation
+                if hit:  # walk the pre-scored branch: its accepted drafts, then one more
+                    out += _accepted(rng, sc.branch_depth, sc.accept) + 1
+                rounds, epoch, head = rounds + 1, epoch + 1, 1  # restart from there
         if out >= sc.tokens:
             break
         live = sum(ch["n"] for ch in flight if ch["epoch"] == epoch)
