@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging (-v info, -vv debug)")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    from acespec.demo import add_parser as add_demo
+
+    add_demo(sub)
     _add_generate(sub)
     _add_edge(sub)
     _add_cloud(sub)

@@ -6,6 +6,8 @@ Wire bytes are counted at the link proxy's sockets (HTTP/2 and gRPC framing incl
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -28,6 +30,7 @@ class BenchConfig:
     depth: int = 4
     window: int = 16
     adaptive: bool = False  # pipeline/acespec: depth and window follow the link
+    netns: bool = False  # shape with tc tbf in a network namespace (root) instead of the proxy
     temperature: float = 0.0
     emulate: str = "40,0.5"  # the verifier's --emulate-step-ms profile
     per_category: int = 10  # prompts per category
@@ -64,55 +67,136 @@ def load_prompts(path: str | None = None, per_category: int = 10) -> list[dict]:
 async def run_bench(cfg: BenchConfig, model_dir: str, drafter_path: str,
                     prompts: list[dict], progress=None) -> list[dict]:
     """One record per (link, mode, prompt)."""
-    from acespec.cloud.batcher import StepEmulation
-    from acespec.cloud.server import ServerConfig, create_server, load_engine
-    from acespec.edge.client import channel
-    from acespec.edge.engine import EdgeEngine, EngineConfig
     from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
     from acespec.edge.text import TextCodec
-    from acespec.shared.config import SamplingParams
-    from acespec.shared.served import ServeParams
-    from acespec.sim.proxy import LinkProxy
+
+    drafter = LlamaDrafter(drafter_path, LlamaDrafterConfig(n_seq_max=2))
+    codec = TextCodec.from_drafter(drafter)
+    state = {"records": [], "total": len(cfg.links) * len(cfg.modes) * len(prompts), "done": 0}
+    serve = _verifier_in_netns if cfg.netns else _verifier_in_process
+    async with serve(cfg, model_dir) as start:
+        for label, spec in cfg.links:
+            async with start(spec) as (host, port, proxy_spec):
+                await _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec,
+                                  prompts, state, progress)
+    drafter.close()
+    return state["records"]
+
+
+@contextlib.asynccontextmanager
+async def _verifier_in_process(cfg: BenchConfig, model_dir: str):
+    """One verifier in this process for every link; the proxy does all the shaping."""
+    from acespec.cloud.batcher import StepEmulation
+    from acespec.cloud.server import ServerConfig, create_server, load_engine
 
     scfg = ServerConfig(model=model_dir, host="127.0.0.1", port=0,
                         emulation=StepEmulation.parse(cfg.emulate))
     engine = load_engine(scfg)
     server, port = await create_server(engine, scfg)
-    drafter = LlamaDrafter(drafter_path, LlamaDrafterConfig(n_seq_max=2))
-    codec = TextCodec.from_drafter(drafter)
-    records, total, done = [], len(cfg.links) * len(cfg.modes) * len(prompts), 0
+
+    @contextlib.asynccontextmanager
+    async def start(spec):
+        yield "127.0.0.1", port, spec
+
     try:
-        for label, spec in cfg.links:
-            proxy = LinkProxy("127.0.0.1", port, spec=spec, seed=cfg.seed)
-            # One long-lived connection per link, as an edge keeps it: per-token bytes then
-            # measure steady state, not a TCP/HTTP-2 handshake per request.
-            ch = channel(f"127.0.0.1:{await proxy.start()}")
-            for mode in cfg.modes:
-                edge = EdgeEngine(lambda ch=ch: ch, codec.vocab_hash,
-                                  None if mode == "ar" else drafter, owns_channels=False)
-                for p in prompts:
-                    ecfg = EngineConfig(mode=mode, depth=cfg.depth, window=cfg.window,
-                                        adaptive=cfg.adaptive,
-                                        serve=ServeParams(SamplingParams(cfg.temperature)),
-                                        seed=cfg.seed, max_tokens=cfg.max_tokens)
-                    before = (proxy.counts.up, proxy.counts.down)
-                    stamps: list[float] = []
-                    t0 = time.perf_counter()
-                    out, stats = await edge.generate(
-                        codec.encode(p["prompt"]), ecfg,
-                        lambda ids, st, stamp=stamps.append: stamp(time.perf_counter()))
-                    records.append(_record(label, spec, mode, p, stats, stamps, t0,
-                                           proxy.counts.up - before[0],
-                                           proxy.counts.down - before[1]))
-                    done += 1
-                    if progress:
-                        progress(done, total, label, mode, p["id"])
-            await ch.close()
-            await proxy.stop()
+        yield start
     finally:
         await server.stop(0)
         await engine.close_all()
-    return records
+
+
+@contextlib.asynccontextmanager
+async def _verifier_in_netns(cfg: BenchConfig, model_dir: str):
+    """Per link: a network namespace whose veth is shaped by tc tbf, the verifier running
+    inside it; the proxy in front only delays (tc has no netem here) and counts."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from acespec.sim.netns import NetnsLink, available
+
+    why = available()
+    if why:
+        raise RuntimeError(f"--netns: {why}")
+
+    @contextlib.asynccontextmanager
+    async def start(spec):
+        with NetnsLink(spec.up_bps, spec.down_bps) as ns:
+            argv = [sys.executable, "-m", "acespec", "cloud", "serve", "--host", ns.cloud_ip,
+                    "--port", "50051", "--emulate-step-ms", cfg.emulate, "--grace", "1"]
+            log = tempfile.TemporaryFile()
+            proc = subprocess.Popen(ns.argv_in_ns(argv + (["--model", model_dir] if model_dir
+                                                          else [])),
+                                    stdout=log, stderr=subprocess.STDOUT)
+            try:
+                await asyncio.to_thread(_wait_remote, ns.cloud_ip, 50051, proc, log)
+                yield ns.cloud_ip, 50051, LinkSpec(1e12, 1e12, spec.rtt_s, spec.jitter_s)
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                log.close()
+
+    yield start
+
+
+def _wait_remote(host: str, port: int, proc, log) -> None:
+    """Until host:port (in the namespace) accepts connections; fails if proc died."""
+    import socket
+    import time as _t
+
+    end = _t.monotonic() + 120
+    while _t.monotonic() < end:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"verifier in the namespace exited: {log.read()[-500:]!r}")
+        try:
+            socket.create_connection((host, port), 0.3).close()
+            return
+        except OSError:
+            _t.sleep(0.2)
+    raise RuntimeError("verifier in the namespace did not start")
+
+
+async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, prompts,
+                      state, progress) -> None:
+    from acespec.edge.client import channel
+    from acespec.edge.engine import EdgeEngine, EngineConfig
+    from acespec.shared.config import SamplingParams
+    from acespec.shared.served import ServeParams
+    from acespec.sim.proxy import LinkProxy
+
+    proxy = LinkProxy(host, port, spec=proxy_spec, seed=cfg.seed)
+    # One long-lived connection per link, as an edge keeps it: per-token bytes then
+    # measure steady state, not a TCP/HTTP-2 handshake per request.
+    ch = channel(f"127.0.0.1:{await proxy.start()}")
+    try:
+        for mode in cfg.modes:
+            edge = EdgeEngine(lambda ch=ch: ch, codec.vocab_hash,
+                              None if mode == "ar" else drafter, owns_channels=False)
+            for p in prompts:
+                ecfg = EngineConfig(mode=mode, depth=cfg.depth, window=cfg.window,
+                                    adaptive=cfg.adaptive,
+                                    serve=ServeParams(SamplingParams(cfg.temperature)),
+                                    seed=cfg.seed, max_tokens=cfg.max_tokens)
+                before = (proxy.counts.up, proxy.counts.down)
+                stamps: list[float] = []
+                t0 = time.perf_counter()
+                out, stats = await edge.generate(
+                    codec.encode(p["prompt"]), ecfg,
+                    lambda ids, st, stamp=stamps.append: stamp(time.perf_counter()))
+                state["records"].append(_record(label, spec, mode, p, stats, stamps, t0,
+                                                proxy.counts.up - before[0],
+                                                proxy.counts.down - before[1]))
+                state["done"] += 1
+                if progress:
+                    progress(state["done"], state["total"], label, mode, p["id"])
+    finally:
+        await ch.close()
+        await proxy.stop()
 
 
 def _record(label, spec, mode, p, stats, stamps, t0, up, down) -> dict:

@@ -59,6 +59,9 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--max-tokens", type=int, default=64)
     b.add_argument("--depth", type=int, default=4)
     b.add_argument("--window", type=int, default=16)
+    b.add_argument("--netns", action="store_true",
+                   help="shape each link with tc tbf on a veth into a network namespace that "
+                   "runs the verifier (Linux, root; the proxy then only adds the delay)")
     b.add_argument("--adaptive", action="store_true",
                    help="pipeline/acespec start at --depth/--window and follow the link")
     b.add_argument("--temperature", type=float, default=0.0)
@@ -94,7 +97,7 @@ def run_bench_cli(args) -> int:
     try:
         cfg = BenchConfig(links=parse_links(args.link), modes=tuple(args.modes.split(",")),
                           max_tokens=args.max_tokens, depth=args.depth, window=args.window,
-                          adaptive=args.adaptive, temperature=args.temperature, emulate=args.emulate_step_ms,
+                          adaptive=args.adaptive, netns=args.netns, temperature=args.temperature, emulate=args.emulate_step_ms,
                           per_category=args.per_category)
         bad = [m for m in cfg.modes if m not in ("ar", "sd", "pipeline", "acespec")]
         if bad:

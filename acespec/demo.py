@@ -1,0 +1,190 @@
+"""`acespec demo`: the WAN demo. Starts the verifier (demo target) and a 50 kbit/s, 50 ms
+link emulator as child processes, streams a generation through them from the edge (demo
+drafter, acespec mode), runs the same prompt in ar mode, and prints both side by side.
+Every child process is stopped on exit, also on Ctrl-C or an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SAMPLE = "def fibonacci(n):\n    "
+COLUMNS = ("tokens_per_s", "ttft_s", "mean_acceptance_length", "cache_hit_rate",
+           "target_forwards_per_token", "wire_bytes_up_per_token", "wire_bytes_down_per_token",
+           "rtt_ms")
+
+
+def add_parser(sub) -> None:
+    from acespec.models import DEMO_DRAFTER
+
+    d = sub.add_parser(
+        "demo", help="the WAN demo: verifier + 50 kbit/s 50 ms link + edge, ar vs acespec",
+        description="Start the verifier (demo target) and a link emulator as child processes, "
+        "stream a generation through the emulated WAN link from the edge (demo drafter), then "
+        "print ar and acespec figures for the same prompt side by side. Cleans up on exit.")
+    d.add_argument("prompt", nargs="?", default=SAMPLE, help="(default: a code prompt)")
+    d.add_argument("--link", default="50kbit:50ms", help="RATE:RTT (default: %(default)s)")
+    d.add_argument("--emulate-step-ms", default="40,0.5", metavar="T0[,PER_NODE]",
+                   help="TESTBED: pad each verifier pass to a big target's step time; '0' for "
+                   "the demo target's own (default: %(default)s)")
+    d.add_argument("--max-tokens", type=int, default=96)
+    d.add_argument("--model", default="", help="target HF folder (default: the demo target)")
+    d.add_argument("--drafter", default=str(DEMO_DRAFTER))
+    d.add_argument("--modes", default="acespec,ar", help="first is streamed (default: %(default)s)")
+    d.set_defaults(func=run)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 120.0) -> None:
+    """Until 127.0.0.1:port accepts connections; fails early if the process died."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the {what} exited with code {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"the {what} did not listen on port {port} within {timeout:.0f} s")
+
+
+class Children:
+    """Child processes in their own process groups, all stopped on exit."""
+
+    def __init__(self):
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, what: str, argv: list[str], log: Path) -> subprocess.Popen:
+        f = open(log, "w")  # noqa: SIM115 - closed with the process below
+        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        p.log = f
+        self.procs.append((what, p))
+        print(f"[demo] started the {what} (pid {p.pid}, log {log})", file=sys.stderr, flush=True)
+        return p
+
+    def stop(self) -> None:
+        for what, p in reversed(self.procs):
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+            p.log.close()
+            print(f"[demo] stopped the {what} (pid {p.pid})", file=sys.stderr)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def run(args) -> int:
+    import tempfile
+
+    from acespec.sim.bench import parse_links
+
+    try:
+        (label, spec), = parse_links(args.link)
+    except ValueError as e:
+        print(f"acespec demo: error: {e}", file=sys.stderr)
+        return 2
+    logs = Path(tempfile.mkdtemp(prefix="acespec-demo-"))
+    cloud, link = free_port(), free_port()
+    me = [sys.executable, "-m", "acespec"]
+    with Children() as kids:
+        try:
+            serve = me + ["cloud", "serve", "--host", "127.0.0.1", "--port", str(cloud)]
+            if args.model:
+                serve += ["--model", args.model]
+            if args.emulate_step_ms not in ("0", ""):
+                serve += ["--emulate-step-ms", args.emulate_step_ms]
+            print(f"[demo] verifier on :{cloud}", file=sys.stderr, flush=True)
+            v = kids.start("verifier", serve, logs / "cloud.log")
+            rate, _, rtt = args.link.partition(":")
+            print(f"[demo] starting a {rate} / {rtt or '0ms'} link on :{link} -> :{cloud}",
+                  file=sys.stderr, flush=True)
+            lk = kids.start("link emulator", me + [
+                "sim", "link", "--listen", f"127.0.0.1:{link}", "--to", f"127.0.0.1:{cloud}",
+                "--up", rate, "--down", rate, "--rtt", rtt or "0ms"], logs / "link.log")
+            wait_port(link, lk, "link emulator", 30)
+            wait_port(cloud, v, "verifier")
+            figures = asyncio.run(_generate(args, f"127.0.0.1:{link}"))
+        except KeyboardInterrupt:
+            print("\n[demo] interrupted; cleaning up", file=sys.stderr)
+            return 130
+        except (RuntimeError, ConnectionError, OSError) as e:
+            print(f"acespec demo: error: {e} (logs in {logs})", file=sys.stderr)
+            return 1
+    _table(figures, label, args.emulate_step_ms)
+    return 0
+
+
+async def _generate(args, addr: str) -> dict:
+    """Each mode on the prompt through the link; the first one streamed to stdout."""
+    from acespec.edge.client import channel
+    from acespec.edge.engine import EdgeEngine, EngineConfig
+    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.text import StreamDecoder, TextCodec
+
+    drafter = LlamaDrafter(args.drafter, LlamaDrafterConfig(n_seq_max=2))
+    codec = TextCodec.from_drafter(drafter)
+    prompt = codec.encode(args.prompt)
+    ch = channel(addr)
+    figures = {}
+    try:
+        for i, mode in enumerate(args.modes.split(",")):
+            engine = EdgeEngine(lambda: ch, codec.vocab_hash, None if mode == "ar" else drafter,
+                                owns_channels=False)
+            cfg = EngineConfig(mode=mode, max_tokens=args.max_tokens, adaptive=mode != "ar",
+                               stop_ids=frozenset({codec.eos_id} - {None}))
+            stream = StreamDecoder(codec)
+            if i == 0:
+                print(f"[demo] {mode}: streaming through the link\n", file=sys.stderr, flush=True)
+                sys.stdout.write(args.prompt)
+
+            def show(ids, st, stream=stream, live=i == 0):
+                if live:
+                    sys.stdout.write(stream.feed(ids))
+                    sys.stdout.flush()
+
+            if i == 1:
+                print(f"\n[demo] now the same prompt in {mode} mode ...", file=sys.stderr,
+                      flush=True)
+            _, stats = await engine.generate(prompt, cfg, show)
+            if i == 0:
+                sys.stdout.write(stream.finish() + "\n")
+            figures[mode] = stats.as_dict()
+    finally:
+        await ch.close()
+        drafter.close()
+    return figures
+
+
+def _table(figures: dict, link: str, emulate: str) -> None:
+    modes = list(figures)
+    print(f"\nlink {link}; verifier step profile {emulate} ms (TESTBED: a big target's step "
+          "time on this CPU)")
+    print("| figure | " + " | ".join(modes) + " |")
+    print("|---|" + "---|" * len(modes))
+    for c in COLUMNS:
+        print(f"| {c} | " + " | ".join(str(figures[m].get(c)) for m in modes) + " |")
+    if "ar" in figures and len(modes) > 1 and figures["ar"]["tokens_per_s"]:
+        m = modes[0]
+        print(f"\n{m} / ar: {figures[m]['tokens_per_s'] / figures['ar']['tokens_per_s']:.2f}x "
+              "tokens/s")
