@@ -21,7 +21,7 @@ def _add_models(sub) -> None:
     b.add_argument("--work", default="runs/build-demo",
                    help="checkpoints and token caches (default: %(default)s)")
     b.add_argument("--preset", default="demo", choices=["demo", "tiny"],
-                   help="'demo' (~1.5 h on 2 cores) or 'tiny' (seconds, for tests)")
+                   help="'demo' (~3 h on 2 cores: target, then the distilled drafter) or 'tiny' (seconds, for tests)")
     b.add_argument("--seed", type=int, default=0)
     b.set_defaults(func=_run_build_demo)
     c = msub.add_parser("compare-objectives",
