@@ -161,7 +161,8 @@ def _sweep(args) -> int:
     hit = args.hit_rate if args.hit_rate is not None else data.get("hit_rate", 0.5)
     rows = sweep(costs, accept, hit, rates, rtts, depths)
     print(f"discrete-event model: acceptance {accept}, hit rate {hit}, costs "
-          f"{'from ' + args.calibration if args.calibration else '(defaults)'}; best depth per link")
+          f"{'from ' + args.calibration if args.calibration else '(defaults)'}; best depth/window per "
+          "link")
     print(markdown(best_per_link(rows)))
     if args.out:
         Path(args.out).write_text(json.dumps({"accept": accept, "hit_rate": hit,

@@ -13,17 +13,20 @@ MODES = ("ar", "sd", "pipeline", "acespec", "acespec-ideal")
 
 def sweep(costs: Costs, accept: float, hit_rate: float, rates_bps, rtts_s, depths,
           tokens: int = 400, branch_nodes: int = 4, seed: int = 0) -> list[dict]:
-    """One row per (rate, rtt, depth): tokens/s per mode (window = 2 x depth; acespec-ideal
-    is the state cache whose hits keep the pipeline flowing) and speedups over ar."""
+    # One seed of 400 tokens per point: the sweep is for shapes of curves, not decimals.
+    """One row per (rate, rtt, depth, window in {depth, 2 x depth}): tokens/s per mode
+    (acespec-ideal is the state cache whose hits keep the pipeline flowing) and speedups
+    over ar. sd ignores the window."""
     rows = []
     for bps in rates_bps:
         for rtt in rtts_s:
             link = LinkSpec(bps, bps, rtt)
             ar = simulate(Scenario("ar", link, tokens=tokens, seed=seed), costs).tokens_per_s
-            for d in depths:
-                base = Scenario("sd", link, accept=accept, depth=d, window=2 * d, tokens=tokens,
+            for d, w in ((k, w) for k in depths for w in (k, 2 * k)):
+                base = Scenario("sd", link, accept=accept, depth=d, window=w, tokens=tokens,
                                 hit_rate=hit_rate, branch_nodes=branch_nodes, seed=seed)
-                row = {"rate_kbps": bps / 1000, "rtt_ms": rtt * 1000, "depth": d, "ar": round(ar, 1)}
+                row = {"rate_kbps": bps / 1000, "rtt_ms": rtt * 1000, "depth": d, "window": w,
+                       "ar": round(ar, 1)}
                 for mode in MODES[1:]:
                     sc = replace(base, mode="acespec", hit_continues=True) \
                         if mode == "acespec-ideal" else replace(base, mode=mode)
@@ -34,14 +37,14 @@ def sweep(costs: Costs, accept: float, hit_rate: float, rates_bps, rtts_s, depth
 
 
 def best_per_link(rows: list[dict]) -> list[dict]:
-    """For each (rate, rtt): every mode at its best depth."""
+    """For each (rate, rtt): every mode at its best (depth, window)."""
     out: dict[tuple, dict] = {}
     for r in rows:
         key = (r["rate_kbps"], r["rtt_ms"])
         cur = out.setdefault(key, {"rate_kbps": key[0], "rtt_ms": key[1], "ar": r["ar"]})
         for m in MODES[1:]:
             if r[m] > cur.get(m, 0):
-                cur[m], cur[f"{m}_depth"] = r[m], r["depth"]
+                cur[m], cur[f"{m}_shape"] = r[m], f"{r['depth']}/{r['window']}"
     for cur in out.values():
         cur.update({f"{m}_x_ar": round(cur[m] / cur["ar"], 2) for m in MODES[1:]})
     return list(out.values())
