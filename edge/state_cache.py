@@ -108,8 +108,12 @@ class CacheStats:
 
 
 def guesses(r: np.ndarray, x: int, n: int) -> list[int]:
-    """The drafter's n most likely tokens other than the draft x, from r [V]."""
-    return [int(t) for t in np.argsort(-r)[: n + 1] if t != x][:n]
+    """The drafter's n most likely tokens other than the draft x, from r [V] (ties: lower
+    id first). A partial selection: no sort of the vocabulary."""
+    k = min(n + 1, len(r))
+    top = np.argpartition(-r, k - 1)[:k] if k < len(r) else np.arange(len(r))
+    top = top[np.lexsort((top, -r[top]))]
+    return [int(t) for t in top if t != x][:n]
 
 
 @dataclass(frozen=True)
