@@ -48,13 +48,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 120.0) -> None:
-    """Until 127.0.0.1:port accepts connections; fails early if the process died."""
+def wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 120.0,
+              host: str = "127.0.0.1") -> None:
+    """Until host:port accepts connections; fails early if the process died."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
             raise RuntimeError(f"the {what} exited with code {proc.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+        with contextlib.suppress(OSError), socket.create_connection((host, port), 0.2):
             return
         time.sleep(0.1)
     raise RuntimeError(f"the {what} did not listen on port {port} within {timeout:.0f} s")

@@ -113,8 +113,10 @@ async def _verifier_in_netns(cfg: BenchConfig, model_dir: str):
     import sys
     import tempfile
 
+    from acespec.demo import wait_port
     from acespec.sim.netns import NetnsLink, available
 
+    port = 50051  # the verifier's, inside its own namespace
     why = available()
     if why:
         raise RuntimeError(f"--netns: {why}")
@@ -123,14 +125,19 @@ async def _verifier_in_netns(cfg: BenchConfig, model_dir: str):
     async def start(spec):
         with NetnsLink(spec.up_bps, spec.down_bps) as ns:
             argv = [sys.executable, "-m", "acespec", "cloud", "serve", "--host", ns.cloud_ip,
-                    "--port", "50051", "--emulate-step-ms", cfg.emulate, "--grace", "1"]
+                    "--port", str(port), "--emulate-step-ms", cfg.emulate, "--grace", "1"]
             log = tempfile.TemporaryFile()
             proc = subprocess.Popen(ns.argv_in_ns(argv + (["--model", model_dir] if model_dir
                                                           else [])),
                                     stdout=log, stderr=subprocess.STDOUT)
             try:
-                await asyncio.to_thread(_wait_remote, ns.cloud_ip, 50051, proc, log)
-                yield ns.cloud_ip, 50051, LinkSpec(1e12, 1e12, spec.rtt_s, spec.jitter_s)
+                try:
+                    await asyncio.to_thread(wait_port, port, proc, "verifier in the namespace",
+                                            120.0, ns.cloud_ip)
+                except RuntimeError as e:
+                    log.seek(0)
+                    raise RuntimeError(f"{e}: {log.read()[-500:]!r}") from e
+                yield ns.cloud_ip, port, LinkSpec(1e12, 1e12, spec.rtt_s, spec.jitter_s)
             finally:
                 proc.terminate()
                 try:
@@ -141,24 +148,6 @@ async def _verifier_in_netns(cfg: BenchConfig, model_dir: str):
                 log.close()
 
     yield start
-
-
-def _wait_remote(host: str, port: int, proc, log) -> None:
-    """Until host:port (in the namespace) accepts connections; fails if proc died."""
-    import socket
-    import time as _t
-
-    end = _t.monotonic() + 120
-    while _t.monotonic() < end:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"verifier in the namespace exited: {log.read()[-500:]!r}")
-        try:
-            socket.create_connection((host, port), 0.3).close()
-            return
-        except OSError:
-            _t.sleep(0.2)
-    raise RuntimeError("verifier in the namespace did not start")
 
 
 async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, prompts,
