@@ -72,28 +72,39 @@ def _bit(b: torch.Tensor) -> torch.Tensor:
 # -- torch reference ----------------------------------------------------------------------
 
 
+def dense_mask(cutoff: torch.Tensor, bits: torch.Tensor, tree_start: int, L: int) -> torch.Tensor:
+    """The compact mask of n queries (cutoff [n], bits [n, W]) as a dense [n, L] bool."""
+    slots = torch.arange(L, device=bits.device)
+    j = slots - tree_start
+    jj = j.clamp(min=0)
+    word = (jj // 64).clamp(max=bits.shape[1] - 1)
+    on = ((bits[:, word] >> (jj % 64)) & 1).bool() & (j >= 0)
+    return (slots[None, :] < cutoff[:, None].long()) | on
+
+
+def session_kv(k_pool, v_pool, table_row: torch.Tensor, L: int):
+    """k, v [L, KV, D] of one session's slots [0, L), gathered through its block table."""
+    bs, KV, D = k_pool.shape[1], k_pool.shape[2], k_pool.shape[3]
+    slots = torch.arange(L, device=k_pool.device)
+    phys = table_row[slots // bs].long() * bs + slots % bs
+    return k_pool.reshape(-1, KV, D)[phys], v_pool.reshape(-1, KV, D)[phys]
+
+
 def tree_attention_ref(q, k_pool, v_pool, block_table, seq_lens, cu_q, cutoff, tree_start,
                        bits, scale: float) -> torch.Tensor:
     """q [N, H, D]; k_pool/v_pool [blocks, block_size, KV, D]; block_table [S, max_blocks]
     int32; seq_lens [S] (slots to attend over, new nodes included); cu_q [S+1] query offsets;
     cutoff [N] int32; tree_start [S] int32; bits [N, W] int64. Returns o [N, H, D] in q's
     dtype (computed in fp32)."""
-    N, H, D = q.shape
-    bs, KV = k_pool.shape[1], k_pool.shape[2]
+    H, KV = q.shape[1], k_pool.shape[2]
     out = torch.empty_like(q)
     for s in range(block_table.shape[0]):
         a, b = int(cu_q[s]), int(cu_q[s + 1])
         if a == b:
             continue
         L = int(seq_lens[s])
-        slots = torch.arange(L, device=q.device)
-        phys = block_table[s, slots // bs].long() * bs + slots % bs
-        k = k_pool.reshape(-1, KV, D)[phys].float()  # [L, KV, D]
-        v = v_pool.reshape(-1, KV, D)[phys].float()
-        j = slots - int(tree_start[s])
-        word = (j.clamp(min=0) // 64).clamp(max=bits.shape[1] - 1)
-        on = ((bits[a:b][:, word] >> (j.clamp(min=0) % 64)) & 1).bool() & (j >= 0)
-        allow = (slots[None, :] < cutoff[a:b, None].long()) | on  # [n, L]
+        k, v = (t.float() for t in session_kv(k_pool, v_pool, block_table[s], L))  # [L, KV, D]
+        allow = dense_mask(cutoff[a:b], bits[a:b], int(tree_start[s]), L)  # [n, L]
         rep = H // KV
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # [L, H, D]
         scores = torch.einsum("nhd,lhd->hnl", q[a:b].float(), k) * scale
@@ -254,23 +265,17 @@ def random_batch(n_sessions: int, ctx: int, tree: int, H: int, KV: int, D: int, 
 
 def sdpa_with_mask(args: dict) -> torch.Tensor:
     """The same attention through torch SDPA with an explicit dense mask (benchmark rival)."""
-    q, kp, vp, bt = args["q"], args["k_pool"], args["v_pool"], args["block_table"]
-    bs, KV, D = kp.shape[1], kp.shape[2], kp.shape[3]
+    q, bt = args["q"], args["block_table"]
     outs = []
     for s in range(bt.shape[0]):
         a, b = int(args["cu_q"][s]), int(args["cu_q"][s + 1])
         L = int(args["seq_lens"][s])
-        slots = torch.arange(L, device=q.device)
-        phys = bt[s, slots // bs].long() * bs + slots % bs
-        k = kp.reshape(-1, KV, D)[phys].transpose(0, 1)[None]
-        v = vp.reshape(-1, KV, D)[phys].transpose(0, 1)[None]
-        j = slots - int(args["tree_start"][s])
-        jj = j.clamp(min=0)
-        on = ((args["bits"][a:b][:, jj // 64] >> (jj % 64)) & 1).bool() & (j >= 0)
-        mask = (slots[None, :] < args["cutoff"][a:b, None]) | on
+        k, v = session_kv(args["k_pool"], args["v_pool"], bt[s], L)
+        mask = dense_mask(args["cutoff"][a:b], args["bits"][a:b], int(args["tree_start"][s]), L)
         o = torch.nn.functional.scaled_dot_product_attention(
-            q[a:b].transpose(0, 1)[None], k, v, attn_mask=mask[None, None],
-            enable_gqa=q.shape[1] != KV, scale=args["scale"])
+            q[a:b].transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+            attn_mask=mask[None, None], enable_gqa=q.shape[1] != k.shape[1],
+            scale=args["scale"])
         outs.append(o[0].transpose(0, 1))
     return torch.cat(outs)
 

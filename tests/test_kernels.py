@@ -13,6 +13,7 @@ pytest.importorskip("triton")
 from acespec.cloud.kv_cache import KVCache  # noqa: E402
 from acespec.kernels.served_encoder import encode, encode_ref  # noqa: E402
 from acespec.kernels.tree_attention import (  # noqa: E402
+    dense_mask,
     random_batch,
     sdpa_with_mask,
     tree_attention,
@@ -23,14 +24,6 @@ from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
 
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}  # max |diff| of outputs
-
-
-def dense_mask(cutoff, bits, tree_start, L):
-    slots = torch.arange(L)
-    j = slots - tree_start
-    jj = j.clamp(min=0)
-    on = ((bits[:, jj // 64] >> (jj % 64)) & 1).bool() & (j >= 0)
-    return (slots[None, :] < cutoff[:, None].long()) | on
 
 
 @pytest.mark.parametrize("seed", range(6))
