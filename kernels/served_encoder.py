@@ -26,6 +26,7 @@ from acespec.shared.served import (
     ServeParams,
     n_sent,
     served,
+    tail_draws,
     tail_rng,
 )
 
@@ -75,9 +76,8 @@ def encode_ref(logits: torch.Tensor, params: ServeParams, seed: int, positions, 
         s = n_sent(d, params.send_mass)
         out.n_sent[i], out.tail_units[i] = s, int(d.units[s:].sum())
         if c > s and m:
-            p = d.units[s:] / d.units[s:].sum()
-            picks = tail_rng(seed, int(positions[i])).choice(c - s, size=m, p=p)
-            out.tail_ids[i], out.tail_sample_units[i] = d.ids[s:][picks], d.units[s:][picks]
+            out.tail_ids[i], out.tail_sample_units[i] = tail_draws(d, s, seed, int(positions[i]),
+                                                                   0, m)
         if parent_rows[i] >= 0:
             out.self_units[i] = dists[parent_rows[i]].units_of(int(tokens[i]))
     return out
