@@ -93,7 +93,7 @@ class KVCache:
                                      n_blocks=max(1, -(-capacity // 16)))
         self.device = self.pool.k[0].device
         self.blocks: list[int] = []  # block table: slot s lives in blocks[s // block_size]
-        self._table = torch.zeros(0, dtype=torch.long, device=self.device)
+        self._set_blocks()
         weakref.finalize(self, self.pool.free, self.blocks)  # blocks go back when dropped
         self.parent: list[int] = []  # [length] parent slot, ROOT for none
         self.depth: list[int] = []  # [length] RoPE position
@@ -121,14 +121,13 @@ class KVCache:
 
     def slots_to_flat(self, slots: torch.Tensor) -> torch.Tensor:
         """Pool rows (of PagePool.flat) of slots [n] int64."""
-        bs = self.pool.block_size
-        return self._table[slots // bs] * bs + slots % bs
+        return self._rows[slots]
 
     def release(self) -> None:
         """Return every block to the pool (the cache is empty afterwards)."""
         self.truncate(0)
         self.pool.free(self.blocks)
-        self._table = self._table[:0]
+        self._set_blocks()
 
     def plan(self, parents: Sequence[int] | None, n_new: int) -> Plan:
         """Validate and record n_new nodes; parents are slots (ROOT allowed), None = a chain
@@ -173,14 +172,14 @@ class KVCache:
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [n_new, n_kv, hd] at slots [start, start+n_new)."""
-        rows = self.slots_to_flat(torch.arange(start, start + k.shape[0], device=self.device))
+        rows = self._rows[start:start + k.shape[0]]
         with self.pool.lock:
             fk, fv = self.pool.flat(layer)
             fk[rows], fv[rows] = k, v
 
     def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of k, v [n_kv, end, hd] of slots [0, end) (the reference attention path)."""
-        rows = self.slots_to_flat(torch.arange(end, device=self.device))
+        rows = self._rows[:end]
         with self.pool.lock:
             fk, fv = self.pool.flat(layer)
             return fk[rows].transpose(0, 1), fv[rows].transpose(0, 1)
@@ -214,7 +213,7 @@ class KVCache:
         same = next((i for i, old in enumerate(keep) if old != i), len(keep))
         n = len(keep)
         src = self.slots_to_flat(torch.tensor(keep[same:], dtype=torch.long, device=self.device))
-        dst = self.slots_to_flat(torch.arange(same, n, device=self.device))
+        dst = self._rows[same:n]
         with self.pool.lock:
             for layer in range(self.pool.num_layers):
                 fk, fv = self.pool.flat(layer)
@@ -227,12 +226,19 @@ class KVCache:
             self.shrink()  # a long branch was dropped: its blocks serve other sessions
         return remap
 
+    def _set_blocks(self) -> None:
+        """Refresh the block table and the pool row of every slot (once per change of the
+        blocks, so writes and reads of every layer only slice)."""
+        bs = self.pool.block_size
+        self._table = torch.tensor(self.blocks, dtype=torch.long, device=self.device)
+        self._rows = (self._table[:, None] * bs + torch.arange(bs, device=self.device)).flatten()
+
     def _reserve(self, slots: int) -> None:
         """Own enough blocks for `slots` slots."""
         need = -(-slots // self.pool.block_size) - len(self.blocks)
         if need > 0:
             self.blocks.extend(self.pool.alloc(need))
-            self._table = torch.tensor(self.blocks, dtype=torch.long, device=self.device)
+            self._set_blocks()
 
     def shrink(self) -> None:
         """Give back the blocks past the last slot (after a commit)."""
@@ -241,4 +247,4 @@ class KVCache:
             extra = self.blocks[keep:]
             del self.blocks[keep:]
             self.pool.free(extra)
-            self._table = self._table[:keep]
+            self._set_blocks()
