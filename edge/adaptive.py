@@ -32,12 +32,14 @@ class LinkEstimate:
     samples: deque = field(default_factory=lambda: deque(maxlen=24))  # (bytes, network_s)
     server: deque = field(default_factory=lambda: deque(maxlen=24))  # verifier time, s
     arrivals: deque = field(default_factory=lambda: deque(maxlen=16))  # (time, down bytes)
+    _bw: float | None = None  # bandwidth() of the current samples (the fit is not free)
 
     def observe(self, bytes_up: int, bytes_down: int, rtt_s: float, server_s: float,
                 now: float | None = None) -> None:
         """One Extend's exchange: its round trip, the verifier's own time in it (queue +
         pass, from the Scores), the bytes of both messages and the Scores' arrival time."""
         self.samples.append((float(bytes_up + bytes_down), max(0.0, rtt_s - server_s)))
+        self._bw = None
         self.server.append(float(server_s))
         if now is not None:
             self.arrivals.append((float(now), float(bytes_down)))
@@ -72,7 +74,9 @@ class LinkEstimate:
         refitted twice to the points on or below it; 1e9 when time does not grow with
         bytes), but never below the measured downlink throughput (a saturated link queues
         every exchange, which steepens the slope)."""
-        return max(self._envelope(), self.throughput())
+        if self._bw is None:
+            self._bw = max(self._envelope(), self.throughput())
+        return self._bw
 
     def _envelope(self) -> float:
         if len(self.samples) < 4:
