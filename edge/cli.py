@@ -216,7 +216,8 @@ def build_service(args):
     base = engine_config(args, serve=ServeParams(send_mass=args.send_mass))
     return EdgeService(codec=TextCodec.from_drafter(drafter),
                        drafter=None if args.mode == "ar" else drafter,
-                       channel=channel(args.cloud, root_cert), model_name=args.model_name,
+                       connect=lambda: channel(args.cloud, root_cert),
+                       model_name=args.model_name,
                        base=base, chat_template=drafter.chat_template(), token=token,
                        metrics=EdgeMetrics())
 
@@ -233,5 +234,7 @@ def run_serve(args) -> int:
         return EXIT_USAGE
     print(f"acespec edge listening on http://{args.host}:{args.port} (model "
           f"{args.model_name!r}, mode {args.mode}, verifier {args.cloud})", flush=True)
-    uvicorn.run(create_app(svc), host=args.host, port=args.port, log_level="warning")
+    # A request in flight must not hold SIGTERM hostage: after 5 s uvicorn cancels it.
+    uvicorn.run(create_app(svc), host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=5)
     return 0

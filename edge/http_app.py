@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 
@@ -99,7 +100,12 @@ def create_app(svc: EdgeService) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models), Route("/health", health), Route("/metrics", metrics),
     ]
-    return Starlette(routes=routes)
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        yield
+        await svc.aclose()  # the channel was made in this loop; close it in this loop
+
+    return Starlette(routes=routes, lifespan=lifespan)
 
 
 def _cloud_error(e: Exception) -> JSONResponse:

@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from acespec.edge.engine import EdgeEngine, EngineConfig, Stats
@@ -34,19 +35,33 @@ class EdgeService:
 
     codec: TextCodec
     drafter: object | None  # None in 'ar' mode
-    channel: object  # grpc.aio.Channel shared by all requests
+    connect: Callable[[], object]  # makes the grpc.aio.Channel all requests share
     model_name: str
     base: EngineConfig
     chat_template: str | None = None
     token: str | None = None
     metrics: object | None = None
     free_seqs: asyncio.Queue = field(default_factory=asyncio.Queue)
+    _channel: object | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         for seq in range(1, 33):  # drafter sequences; 0 stays free for tools
             self.free_seqs.put_nowait(seq)
         self.engine = EdgeEngine(lambda: self.channel, self.codec.vocab_hash, self.drafter,
                                  self.token, owns_channels=False)
+
+    @property
+    def channel(self):
+        """The shared channel, made on first use: a grpc.aio channel binds to the event loop
+        it is created in, so it must be made inside the server's loop, never before it."""
+        if self._channel is None:
+            self._channel = self.connect()
+        return self._channel
+
+    async def aclose(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
 
     def render_chat(self, messages: list[dict]) -> str:
         if not self.chat_template:

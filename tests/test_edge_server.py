@@ -52,7 +52,7 @@ async def edge_server(cloud: str, gguf, mode="pipeline"):
     finally:
         server.should_exit = True
         await task
-        await svc.channel.close()
+        await svc.aclose()
 
 
 def with_stack(tiny_pair, gguf, body, cfg=None):
