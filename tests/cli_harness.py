@@ -1,0 +1,100 @@
+"""Commands as a user runs them: the installed `acespec` script in a child process, its
+output in files (a full pipe never blocks it), stopped by a signal like a user's Ctrl-C or
+a service manager's SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ACESPEC = str(Path(sys.executable).with_name("acespec"))  # the console script of this venv
+
+
+def acespec(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    """Run `acespec ARGS...` to completion; text output captured."""
+    return subprocess.run([ACESPEC, *args], capture_output=True, text=True, timeout=timeout,
+                          **kw)
+
+
+class Proc:
+    """A long-running `acespec ...` (a server): start, wait for a line, signal, wait."""
+
+    def __init__(self, *args: str, env: dict | None = None):
+        self.dir = tempfile.TemporaryDirectory(prefix="acespec-proc-")
+        self.out_path = Path(self.dir.name) / "stdout"
+        self.err_path = Path(self.dir.name) / "stderr"
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.p = subprocess.Popen([ACESPEC, *args], stdout=out, stderr=err,
+                                      env={**os.environ, **(env or {})})
+
+    @property
+    def stdout(self) -> str:
+        return self.out_path.read_text()
+
+    @property
+    def stderr(self) -> str:
+        return self.err_path.read_text()
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> re.Match:
+        """The first match of `pattern` in stdout+stderr; fails if the process exits first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.search(pattern, self.stdout + self.stderr)
+            if m:
+                return m
+            if self.p.poll() is not None:
+                raise AssertionError(f"exited {self.p.returncode} before {pattern!r}:\n"
+                                     f"{self.stdout[-2000:]}\n{self.stderr[-3000:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"no {pattern!r} within {timeout} s:\n{self.stderr[-3000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> tuple[int, float]:
+        """Send `sig`; returns (exit code, seconds it took to exit). Kills it on timeout."""
+        t0 = time.monotonic()
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+        try:
+            code = self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+            raise AssertionError(f"still running {timeout} s after signal {sig}:\n"
+                                 f"{self.stderr[-3000:]}") from None
+        return code, time.monotonic() - t0
+
+    def __enter__(self) -> Proc:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+        self.dir.cleanup()
+
+
+def verifier(*extra: str) -> tuple[Proc, str]:
+    """`acespec cloud serve --host 127.0.0.1 --port 0 ...`: (process, 'host:port')."""
+    proc = Proc("cloud", "serve", "--host", "127.0.0.1", "--port", "0", *extra)
+    m = proc.wait_for(r"listening on ([\d.]+:\d+)")
+    return proc, m.group(1)
+
+
+def wait_http(url: str, timeout: float = 60) -> None:
+    """Poll GET url until it answers 200."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not answer within {timeout} s")

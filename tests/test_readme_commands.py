@@ -1,0 +1,192 @@
+"""Every command the README shows, run the way a user types it: the installed `acespec`
+script in a child process, servers on real sockets, the official `openai` client over real
+HTTP, SIGTERM to stop each server (also with a request in flight).
+
+A server built in-process by a test once passed while `acespec edge serve` started from the
+shell hung on every request; these tests exist so that cannot happen again."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("llama_cpp")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+from cli_harness import Proc, acespec, verifier, wait_http  # noqa: E402
+from conftest import free_port  # noqa: E402
+
+CHAT = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+PROMPT = "def fibonacci(n):"
+
+
+@pytest.fixture(scope="module")
+def demo_verifier():
+    """`acespec cloud serve` with its defaults (the shipped demo target)."""
+    proc, addr = verifier()
+    yield addr
+    code, took = proc.stop()
+    assert code == 0 and took < 15, proc.stderr[-2000:]
+
+
+def test_help_of_every_command():
+    for cmd in ([], ["generate"], ["demo"], ["bench"], ["cloud", "serve"], ["cloud", "loadtest"],
+                ["edge", "generate"], ["edge", "serve"], ["sim", "link"], ["models", "build-demo"]):
+        p = acespec(*cmd, "--help", timeout=60)
+        assert p.returncode == 0 and "usage: acespec" in p.stdout, (cmd, p.stderr)
+
+
+def test_local_generate_as_in_the_readme():
+    p = acespec("generate", PROMPT, "--max-tokens", "96")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "mean acceptance length" in p.stdout + p.stderr and len(p.stdout) > 40
+
+
+def test_cloud_serve_then_edge_generate(demo_verifier):
+    """README: `acespec cloud serve &` then `acespec edge generate ... --mode pipeline`; greedy
+    text equals cloud-only decoding (ar)."""
+    p = acespec("edge", "generate", PROMPT, "--cloud", demo_verifier, "--mode", "pipeline")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert len(p.stdout.strip()) > 0
+    assert "[pipeline:" in p.stderr and "tok/s" in p.stderr
+    runs = {}
+    for mode in ("ar", "acespec"):
+        q = acespec("edge", "generate", PROMPT, "--cloud", demo_verifier, "--mode", mode,
+                    "--max-tokens", "48", "--json")
+        assert q.returncode == 0, q.stderr[-2000:]
+        runs[mode] = json.loads(q.stdout)
+    assert runs["ar"]["token_ids"] == runs["acespec"]["token_ids"]
+    assert len(runs["ar"]["token_ids"]) == 48
+
+
+def test_edge_generate_through_sim_link(demo_verifier):
+    """README: `acespec sim link --listen ... --to ...` then `edge generate --cloud LINK`."""
+    port = free_port()
+    with Proc("sim", "link", "--listen", f"127.0.0.1:{port}", "--to", demo_verifier,
+              "--up", "1mbit", "--down", "1mbit", "--rtt", "20ms") as link:
+        link.wait_for(r"acespec link")
+        p = acespec("edge", "generate", "import os", "--cloud", f"127.0.0.1:{port}",
+                    "--max-tokens", "24", "--json")
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert len(json.loads(p.stdout)["token_ids"]) == 24
+        code, took = link.stop()
+        assert code == 0 and took < 10, link.stderr[-2000:]
+        assert "bytes up" in link.stdout
+
+
+@pytest.fixture(scope="module")
+def chat_stack(tiny_pair, tiny_hf_dir):
+    """`acespec cloud serve --model DIR` + `acespec edge serve --drafter CHAT.gguf`, both as
+    processes: yields (base url, edge Proc)."""
+    from acespec.models.gguf_export import export_gguf
+
+    tok_dir, model, _ = tiny_pair
+    gguf = export_gguf(model, tok_dir, tok_dir / "chat-readme.gguf", "q8_0", chat_template=CHAT)
+    cloud, addr = verifier("--model", str(tiny_hf_dir))
+    port = free_port()
+    edge = Proc("edge", "serve", "--cloud", addr, "--port", str(port), "--drafter", str(gguf))
+    try:
+        edge.wait_for(r"acespec edge listening")
+        wait_http(f"http://127.0.0.1:{port}/health")
+        yield f"http://127.0.0.1:{port}", edge
+    finally:
+        edge.stop(timeout=20)
+        edge.__exit__()
+        cloud.stop()
+        cloud.__exit__()
+
+
+def test_edge_serve_answers_the_openai_client(chat_stack):
+    """The regression that started this file: completions from `edge serve` started from the
+    shell used to hang forever. Completions, chat, and streaming with the official client."""
+    url, _ = chat_stack
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=60, max_retries=0)
+    c = client.completions.create(model="acespec", prompt="def add(a, b):", max_tokens=16,
+                                  temperature=0)
+    assert c.choices[0].text and c.usage.completion_tokens > 0
+    s = client.completions.create(model="acespec", prompt="def add(a, b):", max_tokens=16,
+                                  temperature=0, stream=True)
+    streamed = "".join(ch.choices[0].text for ch in s if ch.choices)
+    assert streamed == c.choices[0].text  # greedy: the same text either way
+    chat = client.chat.completions.create(
+        model="acespec", messages=[{"role": "user", "content": "write a loop"}], max_tokens=12,
+        temperature=0)
+    assert chat.choices[0].message.role == "assistant" and chat.choices[0].message.content
+    s = client.chat.completions.create(
+        model="acespec", messages=[{"role": "user", "content": "write a loop"}], max_tokens=12,
+        temperature=0, stream=True)
+    assert "".join(ch.choices[0].delta.content or "" for ch in s if ch.choices) == \
+        chat.choices[0].message.content
+    assert client.models.list().data[0].id == "acespec"
+
+
+def test_servers_stop_on_sigterm_with_a_request_in_flight(tiny_pair, tiny_hf_dir):
+    """SIGTERM stops `edge serve` and then `cloud serve` within a few seconds each, while a
+    long streaming completion is running."""
+    cloud, addr = verifier("--model", str(tiny_hf_dir), "--grace", "2",
+                           "--emulate-step-ms", "20")
+    port = free_port()
+    edge = Proc("edge", "serve", "--cloud", addr, "--port", str(port), "--drafter",
+                str(tiny_pair[2]["q8_0"]))
+    with cloud, edge:
+        edge.wait_for(r"acespec edge listening")
+        wait_http(f"http://127.0.0.1:{port}/health")
+        got: list[str] = []
+
+        def client():
+            try:
+                with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+                                  json={"model": "acespec", "prompt": "import os",
+                                        "max_tokens": 2000, "stream": True}) as r:
+                    for line in r.iter_lines():
+                        got.append(line)
+            except httpx.HTTPError as e:  # the server going away mid-stream is expected
+                got.append(f"error: {e}")
+
+        t = threading.Thread(target=client, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 60
+        while sum(x.startswith("data: {") for x in got) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sum(x.startswith("data: {") for x in got) >= 3, got[-5:]
+        code, took = edge.stop(signal.SIGTERM, timeout=20)
+        assert took < 10, f"edge serve took {took:.1f} s to stop"
+        t.join(30)
+        code, took = cloud.stop(signal.SIGTERM, timeout=20)
+        assert code == 0 and took < 8, cloud.stderr[-2000:]
+
+
+def test_demo_as_typed():
+    """README: `acespec demo` (the shipped pair over an emulated 50 kbit/s link)."""
+    p = acespec("demo", "--max-tokens", "16", timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "| figure | acespec | ar |" in p.stdout and "acespec / ar:" in p.stdout
+
+
+def test_bench_short_run(tmp_path):
+    """README: `acespec bench --link ... --modes ar,sd,pipeline,acespec --out ... --plot ...`
+    (one prompt per category, few tokens, so it stays short)."""
+    out = tmp_path / "results.json"
+    p = acespec("bench", "--link", "1mbit:20ms,loopback", "--modes", "ar,sd,pipeline,acespec",
+                "--per-category", "1", "--max-tokens", "8", "--emulate-step-ms", "2",
+                "--out", str(out), "--plot", str(tmp_path / "plots"), timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "profile: --emulate-step-ms 2" in p.stdout
+    rows = json.loads(out.read_text())
+    text = json.dumps(rows)
+    for mode in ("ar", "sd", "pipeline", "acespec"):
+        assert f'"{mode}"' in text
+    assert list((tmp_path / "plots").glob("*.png"))
+
+
+def test_nginx_config_prints_a_config():
+    p = acespec("cloud", "nginx-config", "10.0.0.11:50051", "10.0.0.12:50051", "--listen",
+                "0.0.0.0:50051", timeout=60)
+    assert p.returncode == 0 and "grpc_pass" in p.stdout and "10.0.0.12:50051" in p.stdout
