@@ -67,16 +67,23 @@ class Batcher:
     async def _worker(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = [await self._queue.get()]
-            nodes = len(batch[0][0].tokens)
-            while not self._queue.empty() and nodes < self.max_batch_nodes:
-                item = self._queue.get_nowait()
-                batch.append(item)
-                nodes += len(item[0].tokens)
-            batch = [(r, f) for r, f in batch if not f.cancelled()]
+            batch = await self._next_batch()
             if batch:
                 nodes = sum(len(r.tokens) for r, _ in batch)
                 await loop.run_in_executor(self._pool, self._run, batch, nodes)
+            # Drop the requests now, not when the next one arrives: each holds its KV cache,
+            # whose blocks go back to the pool (which may then shrink) only once unreferenced.
+            batch = None
+
+    async def _next_batch(self) -> list[tuple[Request, asyncio.Future]]:
+        """The queued requests, up to max_batch_nodes, less those whose caller gave up."""
+        batch = [await self._queue.get()]
+        nodes = len(batch[0][0].tokens)
+        while not self._queue.empty() and nodes < self.max_batch_nodes:
+            item = self._queue.get_nowait()
+            batch.append(item)
+            nodes += len(item[0].tokens)
+        return [(r, f) for r, f in batch if not f.cancelled()]
 
     def _run(self, batch, nodes: int) -> None:
         t0 = time.perf_counter()

@@ -13,6 +13,8 @@ sequence shrinks (commit) or is dropped.
 
 from __future__ import annotations
 
+import contextlib
+import heapq
 import threading
 import weakref
 from collections.abc import Sequence
@@ -38,15 +40,27 @@ class Plan:
 
 class PagePool:
     """Fixed-size KV blocks shared by the sequences of one model: per layer
-    k, v [n_blocks, block_size, n_kv_heads, head_dim]. Grows by doubling; thread-safe."""
+    k, v [n_blocks, block_size, n_kv_heads, head_dim]. Grows by doubling when full and
+    halves again when most of it is free (down to its initial size); thread-safe.
+
+    The storage is always made of normal tensors, never inference tensors, whatever mode
+    the caller runs in: the pool grows inside `forward_batch` (under inference mode) and is
+    written outside it (a commit's `retain`), and an inference tensor refuses in-place
+    updates outside inference mode."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu", block_size: int = 16, n_blocks: int = 64):
         self.block_size, self.num_layers = block_size, num_layers
+        self.min_blocks = n_blocks  # the pool never shrinks below its initial size
         shape = (n_blocks, block_size, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.free_blocks = list(range(n_blocks))[::-1]
+        with torch.inference_mode(False):
+            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+            self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # A min-heap: the lowest free ids are handed out first, so live blocks gather at
+        # the start of the pool and the free end can be trimmed.
+        self.free_blocks = list(range(n_blocks))
+        self._returned: list[int] = []  # freed blocks not yet filed in the heap
+        self._busy = False
         self.lock = threading.RLock()
 
     @property
@@ -57,30 +71,82 @@ class PagePool:
         """A copied model gets an empty pool of its own (sequences are not copied)."""
         k = self.k[0]
         return PagePool(self.num_layers, k.shape[2], k.shape[3], k.dtype, k.device,
-                        self.block_size)
+                        self.block_size, self.min_blocks)
 
     def alloc(self, n: int) -> list[int]:
-        with self.lock:
+        with self.lock, self._operation():
             while len(self.free_blocks) < n:
                 self._grow()
-            return [self.free_blocks.pop() for _ in range(n)]
+            return [heapq.heappop(self.free_blocks) for _ in range(n)]
 
     def free(self, blocks: list[int]) -> None:
+        """Take blocks back (and clear the caller's list); may trim the pool."""
         with self.lock:
-            self.free_blocks.extend(blocks)
+            self._returned.extend(blocks)
             blocks.clear()
+            if self._busy:
+                return  # re-entered by a finalizer that GC ran mid-operation: it settles them
+            with self._operation():
+                pass
+
+    @contextlib.contextmanager
+    def _operation(self):
+        """Mark the pool busy; afterwards file every returned block and trim. A cache's
+        finalizer (weakref, run by GC at any allocation) may call `free` inside another
+        pool operation on this thread; the lock is reentrant, so it only queues."""
+        self._busy = True
+        try:
+            yield
+        finally:
+            while self._returned:
+                while self._returned:
+                    heapq.heappush(self.free_blocks, self._returned.pop())
+                self._trim()
+            self._busy = False
 
     def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v of a layer viewed as [n_blocks * block_size, n_kv, head_dim]."""
         k, v = self.k[layer], self.v[layer]
         return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
 
+    def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy pool rows src [n] int64 to rows dst [n] int64 (of `flat`) in every layer."""
+        with self.lock, torch.inference_mode():
+            for layer in range(self.num_layers):
+                fk, fv = self.flat(layer)
+                fk[dst], fv[dst] = fk[src], fv[src]
+
     def _grow(self) -> None:
         old = self.n_blocks
-        for lst in (self.k, self.v):
-            for i, t in enumerate(lst):
-                lst[i] = torch.cat([t, torch.zeros_like(t)])
-        self.free_blocks = list(range(old, 2 * old))[::-1] + self.free_blocks
+        self._resize(2 * old)
+        for b in range(old, 2 * old):
+            heapq.heappush(self.free_blocks, b)
+
+    def _trim(self) -> None:
+        """Halve the pool while its upper three quarters are free (so a regrow needs the
+        live blocks to double first: no grow/shrink flapping)."""
+        n = self.n_blocks
+        if n <= self.min_blocks or 4 * len(self.free_blocks) < 3 * n:
+            return
+        free = set(self.free_blocks)
+        top = next((b + 1 for b in range(n - 1, -1, -1) if b not in free), 0)
+        new = n
+        while new > self.min_blocks and 4 * top <= new:
+            new //= 2
+        if new < n:
+            self._resize(new)
+            self.free_blocks = [b for b in self.free_blocks if b < new]
+            heapq.heapify(self.free_blocks)
+
+    def _resize(self, n_blocks: int) -> None:
+        """Reallocate every layer's k, v with n_blocks blocks, keeping blocks [0, min)."""
+        keep = min(n_blocks, self.n_blocks)
+        with torch.inference_mode(False):
+            for lst in (self.k, self.v):
+                for i, t in enumerate(lst):
+                    new = t.new_zeros((n_blocks, *t.shape[1:]))
+                    new[:keep] = t[:keep]
+                    lst[i] = new
 
 
 class KVCache:
@@ -213,11 +279,7 @@ class KVCache:
         same = next((i for i, old in enumerate(keep) if old != i), len(keep))
         n = len(keep)
         src = self.slots_to_flat(torch.tensor(keep[same:], dtype=torch.long, device=self.device))
-        dst = self._rows[same:n]
-        with self.pool.lock:
-            for layer in range(self.pool.num_layers):
-                fk, fv = self.pool.flat(layer)
-                fk[dst], fv[dst] = fk[src], fv[src]
+        self.pool.copy_rows(self._rows[same:n], src)
         parents = [self.parent[o] for o in keep]
         self.truncate(0)
         for p in parents:  # ancestor-closed, so depths (RoPE positions) are unchanged
