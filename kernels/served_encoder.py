@@ -4,7 +4,7 @@ For each node (row of logits [n, V]) with the session's sampling parameters: tem
 top-k (k <= k_max) -> softmax -> top-p -> uint16 units by largest remainder (sum 65536),
 support sorted by units (ties: lower id), the sent prefix reaching `send_mass`, the tail mass,
 m pre-drawn tail samples (inverse CDF over the tail with uniforms the host draws from the
-node's keyed RNG, exactly as numpy's Generator.choice consumes them), and `self_p` of each
+node's counter-based stream, turned into samples exactly as the shared `tail_draws` does), and `self_p` of each
 node's token under its parent. Semantics: `acespec.shared.served` (the reference).
 
 The top-k never sorts the vocabulary: a bisection on the float's bit pattern finds the
@@ -27,7 +27,7 @@ from acespec.shared.served import (
     n_sent,
     served,
     tail_draws,
-    tail_rng,
+    tail_uniforms,
 )
 
 try:
@@ -51,10 +51,10 @@ class Encoded:
     self_units: np.ndarray  # [n] p~(node token | parent) for in-batch parents, else 0
 
 
-def tail_uniforms(seed: int, positions, m: int) -> np.ndarray:
-    """[n, m] float64: the first m uniforms of each node's tail RNG (what
-    Generator.choice(p=...) consumes for m draws)."""
-    return np.stack([tail_rng(seed, int(p)).random(m) for p in positions]) if m else \
+def first_tail_uniforms(seed: int, positions, m: int) -> np.ndarray:
+    """[n, m] float64: the first m uniforms of each node's tail stream (what the shared
+    `tail_draws` turns into its first m samples)."""
+    return np.stack([tail_uniforms(seed, int(p), 0, m) for p in positions]) if m else \
         np.zeros((len(positions), 0))
 
 
@@ -176,7 +176,7 @@ if triton is not None:
         tu = tl.where(tail, oun, 0)
         tail_total = tl.sum(tu, 0)
         tl.store(TAILU + row, tail_total)
-        # Tail draws: numpy's choice(p) = searchsorted(cumsum(p) / cdf[-1], u, 'right').
+        # Tail draws as tail_draws: searchsorted(cumsum(p) / cdf[-1], u, 'right').
         cdf = tl.cumsum(tu.to(tl.float64) / tl.maximum(tail_total, 1).to(tl.float64), 0)
         last = tl.max(tl.where(tail, cdf, 0.0), 0)
         cdf = cdf / tl.where(last > 0, last, 1.0)
@@ -238,7 +238,7 @@ def encode(logits: torch.Tensor, params: ServeParams, seed: int, positions, toke
     tailu = torch.empty(n, dtype=torch.int64, device=dev)
     u = torch.zeros(n, ms, dtype=torch.float64)
     if m:
-        u[:, :m] = torch.from_numpy(tail_uniforms(seed, positions, m))
+        u[:, :m] = torch.from_numpy(first_tail_uniforms(seed, positions, m))
     u = u.to(dev)
     tid = torch.full((n, ms), -1, dtype=torch.int64, device=dev)
     tuni = torch.zeros(n, ms, dtype=torch.int64, device=dev)

@@ -4,8 +4,8 @@ p~ for a node: target logits -> temperature -> top-k (k <= k_max; 0 means k_max)
 -> top-p -> quantise to integer units of 2^-16 (largest remainder, sum exactly 65536).
 What top-k/top-p cut has p~ = 0 (it is *not* tail). The cloud sends the smallest set of top
 entries whose mass reaches `send_mass`; the rest of p~'s support is the tail: its mass plus
-m tokens pre-drawn from p~ restricted to the tail. Greedy is one id. Pure numpy, RNG passed
-in or derived from (seed, node id).
+m tokens pre-drawn from p~ restricted to the tail. Greedy is one id. Pure numpy; tail samples
+come from a counter-based stream keyed by (seed, position).
 """
 
 from __future__ import annotations
@@ -117,22 +117,30 @@ def served(logits: np.ndarray, params: ServeParams) -> ServedDist:
     return ServedDist(ids=top[order], units=units[order])
 
 
-def tail_rng(seed: int, position: int) -> np.random.Generator:
-    """The RNG of a node's tail samples: a function of (session seed, position of the token
-    being decided) only, so a re-opened session (new node ids) draws the same samples."""
-    return np.random.default_rng([seed & (2**64 - 1), position, 2])
+def tail_uniforms(seed: int, position: int, start: int, count: int) -> np.ndarray:
+    """Uniforms number [start, start+count) of the tail stream of the node deciding
+    `position`: [count] float64 in [0, 1). The stream is a function of (session seed,
+    position) only, so a re-opened session (new node ids) draws the same samples. Counter
+    based (Philox4x64 keyed by a hash of (seed, position)): the i-th uniform costs O(1)
+    whatever i, so `MoreTail` never replays the samples already sent."""
+    key = np.random.SeedSequence([seed & (2**64 - 1), position, 2]).generate_state(2, np.uint64)
+    skip = start % 4  # each counter step yields 4 uint64 words
+    raw = np.random.Philox(key=key, counter=start // 4).random_raw(skip + count)[skip:]
+    return (raw >> np.uint64(11)) * 2.0**-53  # 53 random bits, as Generator.random()
 
 
 def tail_draws(dist: ServedDist, n_sent: int, seed: int, position: int, start: int,
                count: int) -> tuple[np.ndarray, np.ndarray]:
     """Tail samples number [start, start+count) of a node deciding `position`: (ids [count],
-    units [count]). Deterministic, so `MoreTail` continues the stream Scores began."""
+    units [count]), each z ~ p~ restricted to the tail (inverse CDF of one uniform, as
+    numpy's Generator.choice). Deterministic, so `MoreTail` continues the stream Scores
+    began; O(count) whatever start."""
     tail_ids, tail_units = dist.ids[n_sent:], dist.units[n_sent:]
     if len(tail_ids) == 0 or count == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    rng = tail_rng(seed, position)
-    picks = rng.choice(len(tail_ids), size=start + count, p=tail_units / tail_units.sum())
-    picks = picks[start:]
+    cdf = np.cumsum(tail_units / tail_units.sum())  # [tail] float64
+    cdf /= cdf[-1]
+    picks = np.searchsorted(cdf, tail_uniforms(seed, position, start, count), side="right")
     return tail_ids[picks], tail_units[picks]
 
 
