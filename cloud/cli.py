@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -16,7 +17,8 @@ def add_parser(sub) -> None:
         "drain open sessions before exit.")
     s.add_argument("--model", default="", help="HF checkpoint folder (default: the demo target)")
     s.add_argument("--host", default="0.0.0.0", help="bind address (default: %(default)s)")
-    s.add_argument("--port", type=int, default=50051, help="gRPC port, 0 = any (default: %(default)s)")
+    s.add_argument("--port", type=port_number, default=50051,
+                   help="gRPC port, 0 = any (default: %(default)s)")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     s.add_argument("--device", default="cpu", help="torch device, e.g. cuda:0 (default: cpu)")
     s.add_argument("--kernels", default="auto", choices=["auto", "triton", "torch"],
@@ -31,7 +33,8 @@ def add_parser(sub) -> None:
     s.add_argument("--max-live-nodes", type=int, default=256, help="uncommitted nodes per session")
     s.add_argument("--max-prompt-tokens", type=int, default=4096)
     s.add_argument("--idle-timeout", type=float, default=300.0, help="seconds (default: %(default)s)")
-    s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    s.add_argument("--metrics-port", type=port_number,
+                   help="serve Prometheus metrics on this port (bound to --host)")
     s.add_argument("--emulate-step-ms", metavar="T0[,PER_NODE]",
                    help="TESTBED: add T0 ms (+ PER_NODE ms per node) to every forward pass, "
                    "to emulate a big model's step time on a small target")
@@ -58,6 +61,17 @@ def add_parser(sub) -> None:
     ng.add_argument("--prefix", default="/var/lib/acespec-nginx", help="pid/log/temp folder")
     ng.set_defaults(func=lambda a: print(__import__("acespec.cloud.nginx", fromlist=["x"])
                                          .nginx_config(a.replicas, a.listen, a.prefix)) or 0)
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0..65535 (larger numbers would wrap silently)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0..65535)")
+    return port
 
 
 def _tokens(path: str | None) -> frozenset[str]:

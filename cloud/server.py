@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,23 +65,18 @@ async def create_server(engine: Engine, cfg: ServerConfig) -> tuple[grpc.aio.Ser
     """A started server bound to cfg.host:cfg.port (0 = any free port); returns (server, port)."""
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 << 20),
-                                      ("grpc.http2.bdp_probe", 0)])  # see edge CHANNEL_OPTIONS
+    creds = _tls_credentials(cfg)
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", 16 << 20),
+        ("grpc.http2.bdp_probe", 0),  # see edge CHANNEL_OPTIONS
+        # gRPC sets SO_REUSEPORT by default: a second verifier on a busy port would bind
+        # too and silently take a share of the connections.
+        ("grpc.so_reuseport", 0)])
     servicer = VerifierServicer(engine, cfg.auth_tokens, cfg.idle_timeout_s, cfg.default_params)
     pb_grpc.add_VerifierServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    address = f"{cfg.host}:{cfg.port}"
-    if cfg.tls_cert or cfg.tls_key:
-        if not (cfg.tls_cert and cfg.tls_key):
-            raise ValueError("TLS needs both --tls-cert and --tls-key")
-        creds = grpc.ssl_server_credentials(
-            [(Path(cfg.tls_key).read_bytes(), Path(cfg.tls_cert).read_bytes())])
-        port = server.add_secure_port(address, creds)
-    else:
-        port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"could not bind {address}")
+    port = _bind(server, f"{cfg.host}:{cfg.port}", creds)
     await server.start()
     for name in ("", "acespec.v1.Verifier"):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -88,15 +84,53 @@ async def create_server(engine: Engine, cfg: ServerConfig) -> tuple[grpc.aio.Ser
     return server, port
 
 
+def _tls_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
+    """Server credentials from the PEM files, None for plaintext; ValueError naming the
+    file when one is missing or holds the wrong kind of PEM (e.g. cert and key swapped)."""
+    if not (cfg.tls_cert or cfg.tls_key):
+        return None
+    if not (cfg.tls_cert and cfg.tls_key):
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    cert, key = Path(cfg.tls_cert).read_bytes(), Path(cfg.tls_key).read_bytes()
+    if b"-----BEGIN CERTIFICATE-----" not in cert:
+        hint = " (--tls-cert and --tls-key swapped?)" if b"PRIVATE KEY-----" in cert else ""
+        raise ValueError(f"--tls-cert {cfg.tls_cert} holds no PEM certificate{hint}")
+    if not re.search(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----", key):
+        hint = " (--tls-cert and --tls-key swapped?)" if b"CERTIFICATE-----" in key else ""
+        raise ValueError(f"--tls-key {cfg.tls_key} holds no PEM private key{hint}")
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+def _bind(server: grpc.aio.Server, address: str, creds) -> int:
+    """Bind address (TLS when creds); the port. OSError with a one-line reason on failure
+    (gRPC raises RuntimeError 'Failed to bind' or returns 0, depending on the version)."""
+    try:
+        port = server.add_secure_port(address, creds) if creds else \
+            server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        why = "the key does not match the certificate, " if creds else ""
+        raise OSError(f"could not listen on {address}: {why}the port is in use, or the host is "
+                      "not an address of this machine (--host, --port)")
+    return port
+
+
 async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM, then drain: refuse new sessions, give open ones grace_s."""
     from acespec.cloud.metrics import Metrics
 
+    _tls_credentials(cfg)  # a bad cert or key fails now, not after loading the model
     metrics = Metrics.create()
     engine = load_engine(cfg, metrics)
     server, port = await create_server(engine, cfg)
     if cfg.metrics_port is not None:
-        _, mport = metrics.serve(cfg.metrics_port)
+        try:
+            _, mport = metrics.serve(cfg.metrics_port, cfg.host)
+        except OSError as e:
+            await server.stop(0)
+            raise OSError(f"metrics: could not listen on {cfg.host}:{cfg.metrics_port}: "
+                          f"{e.strerror or e}") from None
         log.info("metrics on http://%s:%d/metrics", cfg.host, mport)
     log.warning("verifier %s serving on %s:%d (%s%s)", engine.model_id, cfg.host, port,
                 "TLS" if cfg.tls_cert else "plaintext",
