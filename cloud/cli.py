@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
     s.add_argument("--max-live-nodes", type=int, default=256, help="uncommitted nodes per session")
     s.add_argument("--max-prompt-tokens", type=int, default=4096)
     s.add_argument("--idle-timeout", type=float, default=300.0, help="seconds (default: %(default)s)")
+    s.add_argument("--write-timeout", type=positive_seconds, default=30.0,
+                   help="end a session whose client has read nothing for this many seconds "
+                   "while the downlink is full (default: %(default)s)")
     s.add_argument("--metrics-port", type=port_number,
                    help="serve Prometheus metrics on this port (bound to --host)")
     s.add_argument("--emulate-step-ms", metavar="T0[,PER_NODE]",
@@ -74,6 +77,17 @@ def port_number(text: str) -> int:
     return port
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type: a duration in seconds, > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
 def _tokens(path: str | None) -> frozenset[str]:
     if not path:
         return frozenset()
@@ -94,6 +108,7 @@ def run_serve(args) -> int:
         cfg = ServerConfig(
             model=args.model, host=args.host, port=args.port, dtype=args.dtype,
             device=args.device, threads=args.threads, idle_timeout_s=args.idle_timeout,
+            write_timeout_s=args.write_timeout,
             limits=Limits(max_sessions=args.max_sessions, max_live_nodes=args.max_live_nodes,
                           max_prompt_tokens=args.max_prompt_tokens),
             auth_tokens=_tokens(args.auth_token_file), tls_cert=args.tls_cert,

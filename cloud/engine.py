@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acespec.cloud.batcher import Batcher, StepEmulation
-from acespec.cloud.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from acespec.cloud.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    OutOfRange,
+    ResourceExhausted,
+)
 from acespec.cloud.model import Request, Transformer
 from acespec.cloud.session import TreeSession
 from acespec.proto import PROTOCOL_VERSION
@@ -23,13 +28,17 @@ from acespec.shared.served import NodeScore, ServeParams, sample_served, served
 log = logging.getLogger(__name__)
 
 
+DEFAULT_GENERATE_TOKENS = 128  # Generate with max_tokens unset (0 on the wire)
+
+
 @dataclass(frozen=True)
 class Limits:
-    max_sessions: int = 256
+    max_sessions: int = 256  # tree sessions and Generate calls at once
     max_live_nodes: int = 256  # uncommitted nodes per session
     max_prompt_tokens: int = 4096
     max_generate_tokens: int = 4096
     max_batch_nodes: int = 1024
+    max_tail_per_node: int = 4096  # tail samples (Scores + MoreTail) per node
 
 
 @dataclass
@@ -53,6 +62,20 @@ class Engine:
         on_pass = self.metrics.on_pass if self.metrics else None
         self.batcher = Batcher(self.model, self.limits.max_batch_nodes, self.emulation, on_pass)
         self.sessions: dict[str, TreeSession] = {}
+        self.generating = 0  # Generate calls running now
+        if self.metrics:
+            self.metrics.sessions_active.set_function(lambda: self.active)
+
+    @property
+    def active(self) -> int:
+        """Tree sessions plus Generate calls: what max_sessions bounds."""
+        return len(self.sessions) + self.generating
+
+    def _admit(self) -> None:
+        if self.active >= self.limits.max_sessions:
+            raise ResourceExhausted(f"verifier is full: {len(self.sessions)} sessions and "
+                                    f"{self.generating} Generate calls "
+                                    f"(max_sessions={self.limits.max_sessions})")
 
     def check_handshake(self, protocol_version: int, vocab_hash: str) -> None:
         if protocol_version != PROTOCOL_VERSION:
@@ -70,12 +93,10 @@ class Engine:
 
     async def open(self, prompt: Sequence[int], params: ServeParams, seed: int,
                    max_live_nodes: int = 0) -> OpenResult:
-        if len(self.sessions) >= self.limits.max_sessions:
-            raise ResourceExhausted(f"verifier is full: {len(self.sessions)} sessions "
-                                    f"(max_sessions={self.limits.max_sessions})")
+        self._admit()
         self._check_prompt(prompt)
         live = min(max_live_nodes or self.limits.max_live_nodes, self.limits.max_live_nodes)
-        session = TreeSession(self.model, params, seed, live)
+        session = TreeSession(self.model, params, seed, live, self.limits.max_tail_per_node)
         req = session.plan_open(prompt)
         session_id = uuid.uuid4().hex
         self.sessions[session_id] = session
@@ -116,28 +137,53 @@ class Engine:
             self.sessions.pop(session_id, None)
 
     async def generate(self, prompt: Sequence[int], params: ServeParams, seed: int,
-                       max_tokens: int, stop: Sequence[int] = ()) -> AsyncIterator[int]:
+                       max_tokens: int = 0, stop: Sequence[int] = ()) -> AsyncIterator[int]:
         """Cloud-only autoregressive decoding from p~; token at absolute position i is drawn
-        with a uniform from RNG(seed, i), so a seed fixes the output."""
+        with a uniform from RNG(seed, i), so a seed fixes the output. max_tokens 0 = unset:
+        DEFAULT_GENERATE_TOKENS, or fewer when the model's context has less room. Counts
+        as a session against max_sessions while it runs; close it (aclose) to stop."""
+        max_tokens = self._check_generate(prompt, max_tokens)
+        self._admit()
+        self.generating += 1
+        try:
+            cache = self.model.new_cache(len(prompt) + max_tokens)
+            logits = await self.batcher.score(Request(list(prompt), cache, None, last_only=True))
+            stop = set(stop)
+            for i in range(max_tokens):
+                dist = served(logits[-1].cpu().numpy(), params)
+                u = np.random.default_rng([seed, len(prompt) + i]).random()
+                token = sample_served(dist, u)
+                yield token
+                if token in stop or i + 1 == max_tokens:
+                    return
+                logits = await self.batcher.score(Request([token], cache))
+        finally:
+            self.generating -= 1
+
+    def _check_generate(self, prompt: Sequence[int], max_tokens: int) -> int:
+        """Validate a Generate request; returns the number of tokens to generate. The
+        prompt and the generated tokens must fit the model's context (positions <
+        max_position_embeddings): an explicit max_tokens past it is refused, not cut."""
         if not prompt:
             raise InvalidArgument("prompt_tokens is empty")
         self._check_prompt(prompt)
-        if not 1 <= max_tokens <= self.limits.max_generate_tokens:
-            raise InvalidArgument(f"max_tokens must be in [1, {self.limits.max_generate_tokens}]")
         vocab = self.model.args.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise InvalidArgument(f"prompt_tokens: a token id is outside the vocabulary [0, {vocab})")
-        cache = self.model.new_cache(len(prompt) + max_tokens)
-        logits = await self.batcher.score(Request(list(prompt), cache, None, last_only=True))
-        stop = set(stop)
-        for i in range(max_tokens):
-            dist = served(logits[-1].cpu().numpy(), params)
-            u = np.random.default_rng([seed, len(prompt) + i]).random()
-            token = sample_served(dist, u)
-            yield token
-            if token in stop or i + 1 == max_tokens:
-                return
-            logits = await self.batcher.score(Request([token], cache))
+        context = self.model.args.max_position_embeddings
+        room = context - len(prompt)
+        if max_tokens == 0:
+            max_tokens = min(DEFAULT_GENERATE_TOKENS, room)
+            if max_tokens < 1:
+                raise OutOfRange(f"a prompt of {len(prompt)} tokens leaves no room in the "
+                                 f"model's context (max_position_embeddings={context})")
+        if not 1 <= max_tokens <= self.limits.max_generate_tokens:
+            raise InvalidArgument(f"max_tokens must be in [1, {self.limits.max_generate_tokens}]")
+        if max_tokens > room:
+            raise OutOfRange(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) "
+                             f"exceeds the model's context of max_position_embeddings={context}"
+                             f" tokens: ask for at most {max(room, 0)}")
+        return max_tokens
 
     async def close_all(self) -> None:
         self.sessions.clear()

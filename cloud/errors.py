@@ -30,3 +30,7 @@ class Unauthenticated(SessionError):
 
 class DeadlineExceeded(SessionError):
     code = "DEADLINE_EXCEEDED"
+
+
+class OutOfRange(SessionError):
+    code = "OUT_OF_RANGE"

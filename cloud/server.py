@@ -31,6 +31,7 @@ class ServerConfig:
     threads: int = 0  # torch CPU threads; 0 = auto (1 for models under 50M parameters)
     limits: Limits = field(default_factory=Limits)
     idle_timeout_s: float = 300.0
+    write_timeout_s: float = 30.0  # longest a session may wait for its client to read
     auth_tokens: frozenset[str] = frozenset()
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -72,7 +73,8 @@ async def create_server(engine: Engine, cfg: ServerConfig) -> tuple[grpc.aio.Ser
         # gRPC sets SO_REUSEPORT by default: a second verifier on a busy port would bind
         # too and silently take a share of the connections.
         ("grpc.so_reuseport", 0)])
-    servicer = VerifierServicer(engine, cfg.auth_tokens, cfg.idle_timeout_s, cfg.default_params)
+    servicer = VerifierServicer(engine, cfg.auth_tokens, cfg.idle_timeout_s, cfg.default_params,
+                                cfg.write_timeout_s)
     pb_grpc.add_VerifierServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -146,8 +148,7 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
     from grpc_health.v1 import health_pb2
 
     await server.health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-    log.warning("shutting down: draining %d sessions (grace %.0f s)", len(engine.sessions),
-                cfg.grace_s)
+    log.warning("shutting down: draining %d sessions (grace %.0f s)", engine.active, cfg.grace_s)
     await server.stop(cfg.grace_s)
     await engine.close_all()
     log.warning("verifier stopped")

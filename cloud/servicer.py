@@ -4,6 +4,7 @@ codes here and end only the session that caused them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -29,7 +30,18 @@ from acespec.proto.codec import (
 )
 from acespec.shared.served import ServeParams
 
+try:  # a failed core batch: the call is gone (client cancel, dropped connection, stop)
+    from grpc._cython.cygrpc import ExecuteBatchError
+except ImportError:  # pragma: no cover - other gRPC builds: nothing to recognise
+    ExecuteBatchError = ()
+
 log = logging.getLogger(__name__)
+
+INBOX = 64  # uplink messages read ahead of the session loop; then the client is pushed back
+
+
+class ClientGone(Exception):
+    """The client cancelled or dropped the call: end quietly, no status, no error metric."""
 
 
 def _coalescible(msg) -> bool:
@@ -41,9 +53,11 @@ def _coalescible(msg) -> bool:
 
 class VerifierServicer(pb_grpc.VerifierServicer):
     def __init__(self, engine: Engine, auth_tokens: frozenset[str] = frozenset(),
-                 idle_timeout_s: float = 300.0, default_params: ServeParams = ServeParams()):
+                 idle_timeout_s: float = 300.0, default_params: ServeParams = ServeParams(),
+                 write_timeout_s: float = 30.0):
         self.engine, self.auth_tokens = engine, auth_tokens
         self.idle_timeout_s, self.default_params = idle_timeout_s, default_params
+        self.write_timeout_s = write_timeout_s
 
     # -- boundary helpers ---------------------------------------------------------
 
@@ -56,7 +70,12 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             raise Unauthenticated("missing or wrong bearer token (metadata 'authorization: "
                                   "Bearer <token>')")
 
-    async def _fail(self, context, err: Exception) -> None:
+    async def _fail(self, context, err: Exception, what: str) -> None:
+        """End the call with err's status code. A client that went away gets no status:
+        raises CancelledError, which gRPC takes as a cancelled call (nothing logged)."""
+        if isinstance(err, ClientGone):
+            log.info("%s: the client went away", what)
+            raise asyncio.CancelledError
         if isinstance(err, WireError):
             err = InvalidArgument(str(err))
         if not isinstance(err, SessionError):
@@ -64,8 +83,12 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             err = SessionError("internal error (see the verifier's log)")
         if self.engine.metrics:
             self.engine.metrics.errors.labels(err.code).inc()
-        log.info("session ended: %s %s", err.code, err)
-        await context.abort(grpc.StatusCode[err.code], str(err))
+        log.info("%s ended: %s %s", what, err.code, err)
+        try:  # waits while the client does not read: the status queues behind the data
+            await context.abort(grpc.StatusCode[err.code], str(err))
+        except ExecuteBatchError:
+            log.info("%s: the client went away before taking its status", what)
+            raise asyncio.CancelledError from None
 
     def _count(self, direction: str, msg) -> None:
         if self.engine.metrics:
@@ -79,60 +102,75 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                                    "(--idle-timeout); its KV was freed") from None
         except DecodeError as e:
             raise InvalidArgument(f"malformed Uplink message: {e}") from None
+        except ExecuteBatchError:
+            raise ClientGone from None
         if msg is not grpc.aio.EOF:
             self._count("up", msg)
         return msg
 
     async def _write(self, context, msg) -> None:
+        """Send one message; a client that stops reading blocks this once its flow-control
+        window is full, and the idle timeout (a read timeout) no longer applies: bound it."""
         self._count("down", msg)
-        await context.write(msg)
+        try:
+            await asyncio.wait_for(context.write(msg), self.write_timeout_s)
+        except asyncio.TimeoutError:
+            raise DeadlineExceeded(f"the client read nothing for {self.write_timeout_s:g} s "
+                                   "while the downlink was full (--write-timeout); the call "
+                                   "was ended and its KV freed") from None
+        except ExecuteBatchError:
+            raise ClientGone from None
 
     # -- Session ------------------------------------------------------------------
 
     async def Session(self, request_iterator, context):  # noqa: N802 - gRPC name
-        session_id = None
+        opened: list[str] = []  # the session id, once open
         try:
-            self._authorize(context)
-            first = await self._read(context)
-            if first is grpc.aio.EOF:
-                return
-            if first.WhichOneof("msg") != "open":
-                raise FailedPrecondition(f"{first.WhichOneof('msg') or 'empty message'} "
-                                         "before Open: the first message must be Open")
-            session_id, session = await self._open(first.open, context)
-            await self._loop(session, context)
-        except (SessionError, WireError) as e:
-            await self._fail(context, e)
+            await self._session(context, opened)
         except asyncio.CancelledError:
-            log.info("session %s cancelled by the client", session_id)
+            log.info("session %s cancelled by the client", opened[0] if opened else "(unopened)")
             raise
-        except Exception as e:  # noqa: BLE001 - becomes INTERNAL for this session only
-            await self._fail(context, e)
+        except Exception as e:  # noqa: BLE001 - domain errors keep their code; others INTERNAL
+            self._close(opened)  # first: a client that does not read may never take the status
+            await self._fail(context, e, f"session {opened[0] if opened else '(unopened)'}")
         finally:
-            self.engine.close(session_id)
-            if session_id and self.engine.metrics:
-                self.engine.metrics.sessions_active.dec()
+            self._close(opened)
 
-    async def _open(self, msg: pb.Open, context):
+    def _close(self, opened: list[str]) -> None:
+        self.engine.close(opened[0] if opened else None)
+
+    async def _session(self, context, opened: list[str]) -> None:
+        self._authorize(context)
+        first = await self._read(context)
+        if first is grpc.aio.EOF:
+            return
+        if first.WhichOneof("msg") != "open":
+            raise FailedPrecondition(f"{first.WhichOneof('msg') or 'empty message'} "
+                                     "before Open: the first message must be Open")
+        session = await self._open(first.open, context, opened)
+        await self._loop(session, context)
+
+    async def _open(self, msg: pb.Open, context, opened: list[str]):
         self.engine.check_handshake(msg.protocol_version, msg.vocab_hash)
         if not msg.vocab_hash:
             raise FailedPrecondition("Open.vocab_hash is required")
         params = decode_serve_params(msg.sampling, self.default_params)
         res = await self.engine.open(list(msg.prompt_tokens), params, msg.seed,
                                      msg.limits.max_live_nodes)
+        opened.append(res.session_id)
         if self.engine.metrics:
             self.engine.metrics.sessions_opened.inc()
-            self.engine.metrics.sessions_active.inc()
         await self._write(context, pb.Downlink(opened=pb.Opened(
             session_id=res.session_id, model_id=self.engine.model_id,
             vocab_hash=self.engine.vocab_hash, max_live_nodes=res.max_live_nodes,
             k_max=params.k_max, root=encode_scores([res.root], params.sampling.greedy))))
-        return res.session_id, res.session
+        return res.session
 
     async def _loop(self, session, context) -> None:
         """Process the stream in order. A reader runs ahead, so Extends that queue up while
         the target is busy are scored together in one forward pass (one Scores each)."""
-        inbox: asyncio.Queue = asyncio.Queue()
+        inbox: asyncio.Queue = asyncio.Queue(INBOX)  # bounded: a client that writes while
+        # it never reads must not fill the server's memory while _write waits
         reader = asyncio.create_task(self._read_ahead(context, inbox))
         held = None
         try:
@@ -198,19 +236,24 @@ class VerifierServicer(pb_grpc.VerifierServicer):
     # -- Generate -------------------------------------------------------------------
 
     async def Generate(self, request, context):  # noqa: N802 - gRPC name
+        """Written with context.write (not yielded) so the write timeout applies and a
+        client's cancel unwinds through `aclosing`: the engine stops scoring at once."""
         try:
             self._authorize(context)
             self._count("up", request)
             self.engine.check_handshake(request.protocol_version, request.vocab_hash)
             params = decode_serve_params(request.sampling, self.default_params)
+            tokens = self.engine.generate(list(request.prompt_tokens), params, request.seed,
+                                          request.max_tokens, list(request.stop_tokens))
             count = 0
-            async for token in self.engine.generate(list(request.prompt_tokens), params,
-                                                    request.seed, request.max_tokens or 128,
-                                                    list(request.stop_tokens)):
-                count += 1
-                chunk = pb.GenerateChunk(tokens=[token], target_forwards=count)
-                self._count("down", chunk)
-                yield chunk
-            yield pb.GenerateChunk(done=True, target_forwards=count)
-        except (SessionError, WireError) as e:
-            await self._fail(context, e)
+            async with contextlib.aclosing(tokens):
+                async for token in tokens:
+                    count += 1
+                    await self._write(context, pb.GenerateChunk(tokens=[token],
+                                                                target_forwards=count))
+            await self._write(context, pb.GenerateChunk(done=True, target_forwards=count))
+        except asyncio.CancelledError:
+            log.info("Generate cancelled by the client")
+            raise
+        except Exception as e:  # noqa: BLE001 - domain errors keep their code; others INTERNAL
+            await self._fail(context, e, "Generate")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from acespec.cloud.errors import InvalidArgument, NotFound, ResourceExhausted
+from acespec.cloud.errors import InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from acespec.cloud.model import Request, Transformer
 from acespec.shared.served import (
     NodeScore,
@@ -32,14 +32,16 @@ class Node:
     token: int
     parent: int  # node id; -1 for the root
     slot: int  # KV cache slot
+    position: int  # RoPE position of the token (its depth below the first prompt token)
     dist: ServedDist | None = None  # p~ of the next token, once scored
     tails_issued: int = 0  # tail samples sent so far
 
 
 class TreeSession:
-    def __init__(self, model: Transformer, params: ServeParams, seed: int, max_live_nodes: int):
+    def __init__(self, model: Transformer, params: ServeParams, seed: int, max_live_nodes: int,
+                 max_tail_per_node: int = 4096):
         self.model, self.params, self.seed = model, params, seed
-        self.max_live_nodes = max_live_nodes
+        self.max_live_nodes, self.max_tail_per_node = max_live_nodes, max_tail_per_node
         self.cache = model.new_cache()
         self.nodes: dict[int, Node] = {}
         self.root = 0
@@ -55,7 +57,8 @@ class TreeSession:
 
     def plan_open(self, prompt: Sequence[int]) -> Request:
         self._check_tokens(prompt, "prompt_tokens")
-        self.nodes[0] = Node(token=int(prompt[-1]), parent=-1, slot=len(prompt) - 1)
+        n = len(prompt)
+        self.nodes[0] = Node(token=int(prompt[-1]), parent=-1, slot=n - 1, position=n - 1)
         self.next_id = 1
         return Request(list(map(int, prompt)), self.cache, None, last_only=True)
 
@@ -75,16 +78,20 @@ class TreeSession:
             raise ResourceExhausted(f"{self.live_nodes + len(tokens)} live nodes would exceed "
                                     f"max_live_nodes={self.max_live_nodes}; Commit first")
         base = self.cache.length + self.pending
-        slots = []
+        slots, positions = [], []
         for i, p in enumerate(parents.tolist()):
             if p in self.nodes:
                 slots.append(self.nodes[p].slot)
+                positions.append(self.nodes[p].position + 1)
             elif first_id <= p < first_id + i:
                 slots.append(base + p - first_id)
+                positions.append(positions[p - first_id] + 1)
             else:
                 raise InvalidArgument(f"parent {p} of node {first_id + i} is not a live node")
+        self._check_context(first_id, positions)
         for i, (t, p) in enumerate(zip(tokens.tolist(), parents.tolist())):
-            self.nodes[first_id + i] = Node(token=t, parent=p, slot=base + i)
+            self.nodes[first_id + i] = Node(token=t, parent=p, slot=base + i,
+                                            position=positions[i])
         self.next_id += len(tokens)
         self.pending += len(tokens)
         return Request(tokens.tolist(), self.cache, slots)
@@ -130,9 +137,16 @@ class TreeSession:
         self.root = node_id
 
     def more_tail(self, node_id: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tail samples [tails_issued, tails_issued + n) of a node: (ids [n], units [n])."""
         node = self.nodes.get(node_id)
         if node is None or node.dist is None:
             raise NotFound(f"MoreTail: node {node_id} is not a live scored node")
+        if node.tails_issued + n > self.max_tail_per_node:
+            # An honest edge needs another sample with probability <= (tail share)^m per
+            # round; thousands on one node is a client looping, not a residual draw.
+            raise ResourceExhausted(f"MoreTail: node {node_id} already has "
+                                    f"{node.tails_issued} tail samples; at most "
+                                    f"max_tail_per_node={self.max_tail_per_node} per node")
         sent = n_sent(node.dist, self.params.send_mass)
         ids, units = tail_draws(node.dist, sent, self.seed, self._decides(node), node.tails_issued, n)
         node.tails_issued += n
@@ -179,7 +193,17 @@ class TreeSession:
 
     def _decides(self, node: Node) -> int:
         """Position of the token this node's p~ decides (its own position + 1)."""
-        return self.cache.depth[node.slot] + 1
+        return node.position + 1
+
+    def _check_context(self, first_id: int, positions: list[int]) -> None:
+        """Refuse nodes the model has no position for (RoPE past its trained context)."""
+        limit = self.model.args.max_position_embeddings
+        deepest = max(positions)
+        if deepest >= limit:
+            node = first_id + positions.index(deepest)
+            raise OutOfRange(f"Extend: node {node} would sit at position {deepest}, past the "
+                             f"model's context of max_position_embeddings={limit} tokens; "
+                             "the session is full")
 
     def _check_tokens(self, tokens, field: str) -> None:
         if len(tokens) == 0:
