@@ -7,6 +7,7 @@ codes. All methods run on the event loop; the target runs in the batcher's worke
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acespec.cloud.batcher import Batcher, StepEmulation
+from acespec.cloud.decided import DecidedSession, DecideLimits, decide
 from acespec.cloud.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -23,7 +25,7 @@ from acespec.cloud.errors import (
 from acespec.cloud.model import Request, Transformer
 from acespec.cloud.session import TreeSession
 from acespec.proto import PROTOCOL_VERSION
-from acespec.shared.served import NodeScore, ServeParams, sample_served, served
+from acespec.shared.served import NodeScore, ServeParams
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,43 @@ class Engine:
             raise
         return OpenResult(session_id, session, root, live)
 
+    async def open_decided(self, prompt: Sequence[int], params: ServeParams, seed: int,
+                           max_tokens: int, stop: Sequence[int]) -> tuple[str, DecidedSession]:
+        """A session the verifier decides (greedy or coupled): the prompt but its last token
+        goes into the KV now; every later pass feeds the last decided token first."""
+        if not params.sampling.decided:
+            raise FailedPrecondition("Open.decide needs a greedy (temperature 0) or coupled "
+                                     "session: exact sampled sessions are decided by the edge")
+        self._admit()
+        self._check_prompt(prompt)
+        vocab = self.model.args.vocab_size
+        if not prompt or any(not 0 <= t < vocab for t in prompt):
+            raise InvalidArgument(f"prompt_tokens must be non-empty ids in [0, {vocab})")
+        context = self.model.args.max_position_embeddings
+        limits = DecideLimits(max_tokens=max_tokens or context, stop=frozenset(stop),
+                              context=context, pass_nodes=self.limits.max_live_nodes)
+        session = DecidedSession(prompt, params, seed, limits)
+        session.cache = self.model.new_cache(len(prompt) + 64)
+        session_id = uuid.uuid4().hex
+        self.sessions[session_id] = session
+        try:
+            if len(prompt) > 1:
+                await self.batcher.score(Request(list(prompt[:-1]), session.cache, None,
+                                                 last_only=True))
+        except BaseException:
+            self.sessions.pop(session_id, None)
+            raise
+        return session_id, session
+
+    async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
+        """One forward pass of a decided session: (first position, decided tokens)."""
+        tokens = session.plan_pass()
+        t0 = time.perf_counter()
+        logits = await self.batcher.score(Request(tokens, session.cache))
+        start, new = session.finish_pass(logits.cpu().numpy(), time.perf_counter() - t0)
+        session.cache.truncate(session.kept_slots())  # the rejected drafts' slots
+        return start, new
+
     async def extend(self, session: TreeSession, first_id: int, tokens: np.ndarray,
                      parents: np.ndarray) -> list[NodeScore]:
         return (await self.extend_many(session, [(first_id, tokens, parents)]))[0]
@@ -150,9 +189,7 @@ class Engine:
             logits = await self.batcher.score(Request(list(prompt), cache, None, last_only=True))
             stop = set(stop)
             for i in range(max_tokens):
-                dist = served(logits[-1].cpu().numpy(), params)
-                u = np.random.default_rng([seed, len(prompt) + i]).random()
-                token = sample_served(dist, u)
+                token = decide(logits[-1].cpu().numpy(), params, seed, len(prompt) + i)
                 yield token
                 if token in stop or i + 1 == max_tokens:
                     return

@@ -24,8 +24,10 @@ from acespec.proto import acespec_pb2_grpc as pb_grpc
 from acespec.proto.codec import (
     WireError,
     check_more_tail,
+    decode_drafts,
     decode_extend,
     decode_serve_params,
+    encode_counts,
     encode_scores,
 )
 from acespec.shared.served import ServeParams
@@ -147,6 +149,10 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         if first.WhichOneof("msg") != "open":
             raise FailedPrecondition(f"{first.WhichOneof('msg') or 'empty message'} "
                                      "before Open: the first message must be Open")
+        if first.open.HasField("decide"):
+            session = await self._open_decided(first.open, context, opened)
+            await self._decided_loop(session, context)
+            return
         session = await self._open(first.open, context, opened)
         await self._loop(session, context)
 
@@ -163,8 +169,63 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         await self._write(context, pb.Downlink(opened=pb.Opened(
             session_id=res.session_id, model_id=self.engine.model_id,
             vocab_hash=self.engine.vocab_hash, max_live_nodes=res.max_live_nodes,
-            k_max=params.k_max, root=encode_scores([res.root], params.sampling.greedy))))
+            k_max=params.k_max, root=encode_scores([res.root], params.sampling.decided),
+            coupled=params.sampling.coupled)))
         return res.session
+
+    async def _open_decided(self, msg: pb.Open, context, opened: list[str]):
+        self.engine.check_handshake(msg.protocol_version, msg.vocab_hash)
+        if not msg.vocab_hash:
+            raise FailedPrecondition("Open.vocab_hash is required")
+        params = decode_serve_params(msg.sampling, self.default_params)
+        session_id, session = await self.engine.open_decided(
+            list(msg.prompt_tokens), params, msg.seed, msg.decide.max_tokens,
+            list(msg.decide.stop_tokens))
+        opened.append(session_id)
+        if self.engine.metrics:
+            self.engine.metrics.sessions_opened.inc()
+        await self._write(context, pb.Downlink(opened=pb.Opened(
+            session_id=session_id, model_id=self.engine.model_id,
+            vocab_hash=self.engine.vocab_hash, k_max=params.k_max,
+            coupled=params.sampling.coupled, decides=True)))
+        return session
+
+    async def _decided_loop(self, session, context) -> None:
+        """The verifier decides (DESIGN §3): pass after pass, never waiting for the link;
+        Drafts that arrived meanwhile are applied before each pass. Ends when the session
+        is done (its last Decided carries the counts) or the edge half-closes."""
+        inbox: asyncio.Queue = asyncio.Queue(INBOX)
+        reader = asyncio.create_task(self._read_ahead(context, inbox))
+        try:
+            while not session.done:
+                if self._apply_uplink(session, inbox):
+                    return
+                start, new = await self.engine.decided_pass(session)
+                msg = pb.Decided(position=start, tokens=new, passes=session.counts.passes,
+                                 done=session.done)
+                if session.done:
+                    msg.counts.CopyFrom(encode_counts(session.counts, len(session.pending()),
+                                                      time.perf_counter()))
+                await self._write(context, pb.Downlink(decided=msg))
+        finally:
+            reader.cancel()
+
+    def _apply_uplink(self, session, inbox: asyncio.Queue) -> bool:
+        """Apply every queued uplink message of a decided session; True at the edge's EOF."""
+        while not inbox.empty():
+            item = inbox.get_nowait()
+            msg = item[0] if isinstance(item, tuple) else item
+            if isinstance(msg, Exception):
+                raise msg
+            if msg is grpc.aio.EOF:
+                return True
+            kind = msg.WhichOneof("msg")
+            if kind != "drafts":
+                raise FailedPrecondition(f"{kind or 'empty message'} in a session the verifier "
+                                         "decides: send Drafts")
+            d = decode_drafts(msg.drafts)
+            session.apply_drafts(d.position, d.behind, d.tokens)
+        return False
 
     async def _loop(self, session, context) -> None:
         """Process the stream in order. A reader runs ahead, so Extends that queue up while
@@ -227,7 +288,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             nodes = decode_extend(m.extend, next_id)
             batches.append((nodes.first_id, nodes.tokens, nodes.parents))
             next_id += len(nodes.tokens)
-        greedy = session.params.sampling.greedy
+        greedy = session.params.sampling.decided  # one decided id per node
         for scores, (_, arrived) in zip(await self.engine.extend_many(session, batches), group):
             msg = encode_scores(scores, greedy)
             msg.server_time = min(2**32 - 1, round((time.perf_counter() - arrived) * 1e4))

@@ -162,8 +162,9 @@ class TreeSession:
                           self._decides(node))
 
     def _encoder(self) -> bool:
-        """The fused Triton encoder serves sampled sessions when the model runs Triton."""
-        return self.model.kernels == "triton" and not self.params.sampling.greedy
+        """The fused Triton encoder serves exact sampled sessions when the model runs Triton
+        (greedy and coupled sessions send one decided id per node)."""
+        return self.model.kernels == "triton" and not self.params.sampling.decided
 
     def _score_encoded(self, first_id: int, logits: torch.Tensor) -> list[NodeScore]:
         """Score nodes first_id.. from logits [n, V] (on the device) in one encoder call."""

@@ -37,5 +37,10 @@ class Drafter(Protocol):
 
 
 def draw(q: np.ndarray, sampling: SamplingParams, rng: np.random.Generator) -> int:
-    """A draft token from one [V] distribution: argmax when greedy, else a draw with rng."""
-    return int(q.argmax()) if sampling.greedy else sample(q, rng)
+    """A draft token from one [V] distribution: argmax when greedy, the coupled draw (rng must
+    be a PositionalRng: the noise is keyed by position) when coupled, else a draw with rng."""
+    if sampling.greedy:
+        return int(q.argmax())
+    if sampling.coupled:
+        return rng.coupled(q)
+    return sample(q, rng)

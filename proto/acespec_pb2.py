@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61\x63\x65spec/proto/acespec.proto\x12\nacespec.v1\"\x8f\x01\n\x08Sampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\x11\n\tsend_mass\x18\x04 \x01(\x01\x12\r\n\x05k_max\x18\x05 \x01(\r\x12\x14\n\x0ctail_samples\x18\x06 \x01(\r\x12\x18\n\x10tail_samples_set\x18\x07 \x01(\x08\" \n\x06Limits\x12\x16\n\x0emax_live_nodes\x18\x01 \x01(\r\"\xa9\x01\n\x04Open\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nvocab_hash\x18\x02 \x01(\t\x12\x19\n\rprompt_tokens\x18\x03 \x03(\rB\x02\x10\x01\x12&\n\x08sampling\x18\x04 \x01(\x0b\x32\x14.acespec.v1.Sampling\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\"\n\x06limits\x18\x06 \x01(\x0b\x32\x12.acespec.v1.Limits\"q\n\x06\x45xtend\x12\x12\n\x06tokens\x18\x01 \x03(\rB\x02\x10\x01\x12\x18\n\x0c\x62ranch_index\x18\x02 \x03(\rB\x02\x10\x01\x12\x19\n\rbranch_parent\x18\x03 \x03(\x04\x42\x02\x10\x01\x12\x13\n\x06\x63ommit\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\t\n\x07_commit\"\x19\n\x06\x43ommit\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\"&\n\x08MoreTail\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\t\n\x01n\x18\x02 \x01(\r\"\xa8\x01\n\x06Uplink\x12 \n\x04open\x18\x01 \x01(\x0b\x32\x10.acespec.v1.OpenH\x00\x12$\n\x06\x65xtend\x18\x02 \x01(\x0b\x32\x12.acespec.v1.ExtendH\x00\x12$\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x12.acespec.v1.CommitH\x00\x12)\n\tmore_tail\x18\x04 \x01(\x0b\x32\x14.acespec.v1.MoreTailH\x00\x42\x05\n\x03msg\"\x8c\x02\n\x06Scores\x12\x15\n\rfirst_node_id\x18\x01 \x01(\x04\x12\x12\n\x06self_p\x18\x02 \x03(\rB\x02\x10\x01\x12\x15\n\tn_entries\x18\x03 \x03(\rB\x02\x10\x01\x12\x1a\n\x0e\x65ntry_id_delta\x18\x04 \x03(\rB\x02\x10\x01\x12\x13\n\x07\x65ntry_p\x18\x05 \x03(\rB\x02\x10\x01\x12\x12\n\x06tail_p\x18\x06 \x03(\rB\x02\x10\x01\x12\x1a\n\x0en_tail_samples\x18\x07 \x03(\rB\x02\x10\x01\x12\x16\n\ntail_token\x18\x08 \x03(\rB\x02\x10\x01\x12\x18\n\x0ctail_token_p\x18\t \x03(\rB\x02\x10\x01\x12\x18\n\x0cgreedy_token\x18\n \x03(\rB\x02\x10\x01\x12\x13\n\x0bserver_time\x18\x0b \x01(\r\"\x8b\x01\n\x06Opened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x12\n\nvocab_hash\x18\x03 \x01(\t\x12\x16\n\x0emax_live_nodes\x18\x04 \x01(\r\x12\r\n\x05k_max\x18\x05 \x01(\r\x12 \n\x04root\x18\x06 \x01(\x0b\x32\x12.acespec.v1.Scores\"P\n\x0bTailSamples\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\x16\n\ntail_token\x18\x02 \x03(\rB\x02\x10\x01\x12\x18\n\x0ctail_token_p\x18\x03 \x03(\rB\x02\x10\x01\"\x86\x01\n\x08\x44ownlink\x12$\n\x06opened\x18\x01 \x01(\x0b\x32\x12.acespec.v1.OpenedH\x00\x12$\n\x06scores\x18\x02 \x01(\x0b\x32\x12.acespec.v1.ScoresH\x00\x12\'\n\x04tail\x18\x03 \x01(\x0b\x32\x17.acespec.v1.TailSamplesH\x00\x42\x05\n\x03msg\"\xbd\x01\n\x0fGenerateRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nvocab_hash\x18\x02 \x01(\t\x12\x19\n\rprompt_tokens\x18\x03 \x03(\rB\x02\x10\x01\x12&\n\x08sampling\x18\x04 \x01(\x0b\x32\x14.acespec.v1.Sampling\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\x12\x17\n\x0bstop_tokens\x18\x07 \x03(\rB\x02\x10\x01\"J\n\rGenerateChunk\x12\x12\n\x06tokens\x18\x01 \x03(\rB\x02\x10\x01\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x17\n\x0ftarget_forwards\x18\x03 \x01(\r2\x89\x01\n\x08Verifier\x12\x37\n\x07Session\x12\x12.acespec.v1.Uplink\x1a\x14.acespec.v1.Downlink(\x01\x30\x01\x12\x44\n\x08Generate\x12\x1b.acespec.v1.GenerateRequest\x1a\x19.acespec.v1.GenerateChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61\x63\x65spec/proto/acespec.proto\x12\nacespec.v1\"\xa0\x01\n\x08Sampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\x11\n\tsend_mass\x18\x04 \x01(\x01\x12\r\n\x05k_max\x18\x05 \x01(\r\x12\x14\n\x0ctail_samples\x18\x06 \x01(\r\x12\x18\n\x10tail_samples_set\x18\x07 \x01(\x08\x12\x0f\n\x07\x63oupled\x18\x08 \x01(\x08\" \n\x06Limits\x12\x16\n\x0emax_live_nodes\x18\x01 \x01(\r\"\xcd\x01\n\x04Open\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nvocab_hash\x18\x02 \x01(\t\x12\x19\n\rprompt_tokens\x18\x03 \x03(\rB\x02\x10\x01\x12&\n\x08sampling\x18\x04 \x01(\x0b\x32\x14.acespec.v1.Sampling\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\"\n\x06limits\x18\x06 \x01(\x0b\x32\x12.acespec.v1.Limits\x12\"\n\x06\x64\x65\x63ide\x18\x07 \x01(\x0b\x32\x12.acespec.v1.Decide\"5\n\x06\x44\x65\x63ide\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x17\n\x0bstop_tokens\x18\x02 \x03(\rB\x02\x10\x01\">\n\x06\x44rafts\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\x0e\n\x06\x62\x65hind\x18\x02 \x01(\r\x12\x12\n\x06tokens\x18\x03 \x03(\rB\x02\x10\x01\"q\n\x06\x45xtend\x12\x12\n\x06tokens\x18\x01 \x03(\rB\x02\x10\x01\x12\x18\n\x0c\x62ranch_index\x18\x02 \x03(\rB\x02\x10\x01\x12\x19\n\rbranch_parent\x18\x03 \x03(\x04\x42\x02\x10\x01\x12\x13\n\x06\x63ommit\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\t\n\x07_commit\"\x19\n\x06\x43ommit\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\"&\n\x08MoreTail\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\t\n\x01n\x18\x02 \x01(\r\"\xce\x01\n\x06Uplink\x12 \n\x04open\x18\x01 \x01(\x0b\x32\x10.acespec.v1.OpenH\x00\x12$\n\x06\x65xtend\x18\x02 \x01(\x0b\x32\x12.acespec.v1.ExtendH\x00\x12$\n\x06\x63ommit\x18\x03 \x01(\x0b\x32\x12.acespec.v1.CommitH\x00\x12)\n\tmore_tail\x18\x04 \x01(\x0b\x32\x14.acespec.v1.MoreTailH\x00\x12$\n\x06\x64rafts\x18\x05 \x01(\x0b\x32\x12.acespec.v1.DraftsH\x00\x42\x05\n\x03msg\"\x8c\x02\n\x06Scores\x12\x15\n\rfirst_node_id\x18\x01 \x01(\x04\x12\x12\n\x06self_p\x18\x02 \x03(\rB\x02\x10\x01\x12\x15\n\tn_entries\x18\x03 \x03(\rB\x02\x10\x01\x12\x1a\n\x0e\x65ntry_id_delta\x18\x04 \x03(\rB\x02\x10\x01\x12\x13\n\x07\x65ntry_p\x18\x05 \x03(\rB\x02\x10\x01\x12\x12\n\x06tail_p\x18\x06 \x03(\rB\x02\x10\x01\x12\x1a\n\x0en_tail_samples\x18\x07 \x03(\rB\x02\x10\x01\x12\x16\n\ntail_token\x18\x08 \x03(\rB\x02\x10\x01\x12\x18\n\x0ctail_token_p\x18\t \x03(\rB\x02\x10\x01\x12\x18\n\x0cgreedy_token\x18\n \x03(\rB\x02\x10\x01\x12\x13\n\x0bserver_time\x18\x0b \x01(\r\"\xad\x01\n\x06Opened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x12\n\nvocab_hash\x18\x03 \x01(\t\x12\x16\n\x0emax_live_nodes\x18\x04 \x01(\r\x12\r\n\x05k_max\x18\x05 \x01(\r\x12 \n\x04root\x18\x06 \x01(\x0b\x32\x12.acespec.v1.Scores\x12\x0f\n\x07\x63oupled\x18\x07 \x01(\x08\x12\x0f\n\x07\x64\x65\x63ides\x18\x08 \x01(\x08\"x\n\x07\x44\x65\x63ided\x12\x10\n\x08position\x18\x01 \x01(\x04\x12\x12\n\x06tokens\x18\x02 \x03(\rB\x02\x10\x01\x12\x0e\n\x06passes\x18\x03 \x01(\r\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12)\n\x06\x63ounts\x18\x05 \x01(\x0b\x32\x19.acespec.v1.DecidedCounts\"\xa8\x01\n\rDecidedCounts\x12\x0f\n\x07wall_us\x18\x01 \x01(\x04\x12\x0f\n\x07\x62usy_us\x18\x02 \x01(\x04\x12\x17\n\x0f\x64rafts_received\x18\x03 \x01(\r\x12\x15\n\rdrafts_scored\x18\x04 \x01(\r\x12\x19\n\x11\x64rafts_reconciled\x18\x05 \x01(\r\x12\x14\n\x0c\x64\x65\x61\x64_skipped\x18\x06 \x01(\r\x12\x14\n\x0c\x63ontinuation\x18\x07 \x01(\r\"P\n\x0bTailSamples\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\x16\n\ntail_token\x18\x02 \x03(\rB\x02\x10\x01\x12\x18\n\x0ctail_token_p\x18\x03 \x03(\rB\x02\x10\x01\"\xae\x01\n\x08\x44ownlink\x12$\n\x06opened\x18\x01 \x01(\x0b\x32\x12.acespec.v1.OpenedH\x00\x12$\n\x06scores\x18\x02 \x01(\x0b\x32\x12.acespec.v1.ScoresH\x00\x12\'\n\x04tail\x18\x03 \x01(\x0b\x32\x17.acespec.v1.TailSamplesH\x00\x12&\n\x07\x64\x65\x63ided\x18\x04 \x01(\x0b\x32\x13.acespec.v1.DecidedH\x00\x42\x05\n\x03msg\"\xbd\x01\n\x0fGenerateRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x12\n\nvocab_hash\x18\x02 \x01(\t\x12\x19\n\rprompt_tokens\x18\x03 \x03(\rB\x02\x10\x01\x12&\n\x08sampling\x18\x04 \x01(\x0b\x32\x14.acespec.v1.Sampling\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\x12\x17\n\x0bstop_tokens\x18\x07 \x03(\rB\x02\x10\x01\"J\n\rGenerateChunk\x12\x12\n\x06tokens\x18\x01 \x03(\rB\x02\x10\x01\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x17\n\x0ftarget_forwards\x18\x03 \x01(\r2\x89\x01\n\x08Verifier\x12\x37\n\x07Session\x12\x12.acespec.v1.Uplink\x1a\x14.acespec.v1.Downlink(\x01\x30\x01\x12\x44\n\x08Generate\x12\x1b.acespec.v1.GenerateRequest\x1a\x19.acespec.v1.GenerateChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,6 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_OPEN'].fields_by_name['prompt_tokens']._loaded_options = None
   _globals['_OPEN'].fields_by_name['prompt_tokens']._serialized_options = b'\020\001'
+  _globals['_DECIDE'].fields_by_name['stop_tokens']._loaded_options = None
+  _globals['_DECIDE'].fields_by_name['stop_tokens']._serialized_options = b'\020\001'
+  _globals['_DRAFTS'].fields_by_name['tokens']._loaded_options = None
+  _globals['_DRAFTS'].fields_by_name['tokens']._serialized_options = b'\020\001'
   _globals['_EXTEND'].fields_by_name['tokens']._loaded_options = None
   _globals['_EXTEND'].fields_by_name['tokens']._serialized_options = b'\020\001'
   _globals['_EXTEND'].fields_by_name['branch_index']._loaded_options = None
@@ -57,6 +61,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCORES'].fields_by_name['tail_token_p']._serialized_options = b'\020\001'
   _globals['_SCORES'].fields_by_name['greedy_token']._loaded_options = None
   _globals['_SCORES'].fields_by_name['greedy_token']._serialized_options = b'\020\001'
+  _globals['_DECIDED'].fields_by_name['tokens']._loaded_options = None
+  _globals['_DECIDED'].fields_by_name['tokens']._serialized_options = b'\020\001'
   _globals['_TAILSAMPLES'].fields_by_name['tail_token']._loaded_options = None
   _globals['_TAILSAMPLES'].fields_by_name['tail_token']._serialized_options = b'\020\001'
   _globals['_TAILSAMPLES'].fields_by_name['tail_token_p']._loaded_options = None
@@ -68,31 +74,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATECHUNK'].fields_by_name['tokens']._loaded_options = None
   _globals['_GENERATECHUNK'].fields_by_name['tokens']._serialized_options = b'\020\001'
   _globals['_SAMPLING']._serialized_start=44
-  _globals['_SAMPLING']._serialized_end=187
-  _globals['_LIMITS']._serialized_start=189
-  _globals['_LIMITS']._serialized_end=221
-  _globals['_OPEN']._serialized_start=224
-  _globals['_OPEN']._serialized_end=393
-  _globals['_EXTEND']._serialized_start=395
-  _globals['_EXTEND']._serialized_end=508
-  _globals['_COMMIT']._serialized_start=510
-  _globals['_COMMIT']._serialized_end=535
-  _globals['_MORETAIL']._serialized_start=537
-  _globals['_MORETAIL']._serialized_end=575
-  _globals['_UPLINK']._serialized_start=578
-  _globals['_UPLINK']._serialized_end=746
-  _globals['_SCORES']._serialized_start=749
-  _globals['_SCORES']._serialized_end=1017
-  _globals['_OPENED']._serialized_start=1020
-  _globals['_OPENED']._serialized_end=1159
-  _globals['_TAILSAMPLES']._serialized_start=1161
-  _globals['_TAILSAMPLES']._serialized_end=1241
-  _globals['_DOWNLINK']._serialized_start=1244
-  _globals['_DOWNLINK']._serialized_end=1378
-  _globals['_GENERATEREQUEST']._serialized_start=1381
-  _globals['_GENERATEREQUEST']._serialized_end=1570
-  _globals['_GENERATECHUNK']._serialized_start=1572
-  _globals['_GENERATECHUNK']._serialized_end=1646
-  _globals['_VERIFIER']._serialized_start=1649
-  _globals['_VERIFIER']._serialized_end=1786
+  _globals['_SAMPLING']._serialized_end=204
+  _globals['_LIMITS']._serialized_start=206
+  _globals['_LIMITS']._serialized_end=238
+  _globals['_OPEN']._serialized_start=241
+  _globals['_OPEN']._serialized_end=446
+  _globals['_DECIDE']._serialized_start=448
+  _globals['_DECIDE']._serialized_end=501
+  _globals['_DRAFTS']._serialized_start=503
+  _globals['_DRAFTS']._serialized_end=565
+  _globals['_EXTEND']._serialized_start=567
+  _globals['_EXTEND']._serialized_end=680
+  _globals['_COMMIT']._serialized_start=682
+  _globals['_COMMIT']._serialized_end=707
+  _globals['_MORETAIL']._serialized_start=709
+  _globals['_MORETAIL']._serialized_end=747
+  _globals['_UPLINK']._serialized_start=750
+  _globals['_UPLINK']._serialized_end=956
+  _globals['_SCORES']._serialized_start=959
+  _globals['_SCORES']._serialized_end=1227
+  _globals['_OPENED']._serialized_start=1230
+  _globals['_OPENED']._serialized_end=1403
+  _globals['_DECIDED']._serialized_start=1405
+  _globals['_DECIDED']._serialized_end=1525
+  _globals['_DECIDEDCOUNTS']._serialized_start=1528
+  _globals['_DECIDEDCOUNTS']._serialized_end=1696
+  _globals['_TAILSAMPLES']._serialized_start=1698
+  _globals['_TAILSAMPLES']._serialized_end=1778
+  _globals['_DOWNLINK']._serialized_start=1781
+  _globals['_DOWNLINK']._serialized_end=1955
+  _globals['_GENERATEREQUEST']._serialized_start=1958
+  _globals['_GENERATEREQUEST']._serialized_end=2147
+  _globals['_GENERATECHUNK']._serialized_start=2149
+  _globals['_GENERATECHUNK']._serialized_end=2223
+  _globals['_VERIFIER']._serialized_start=2226
+  _globals['_VERIFIER']._serialized_end=2363
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Sampling(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "send_mass", "k_max", "tail_samples", "tail_samples_set")
+    __slots__ = ("temperature", "top_k", "top_p", "send_mass", "k_max", "tail_samples", "tail_samples_set", "coupled")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class Sampling(_message.Message):
     K_MAX_FIELD_NUMBER: _ClassVar[int]
     TAIL_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TAIL_SAMPLES_SET_FIELD_NUMBER: _ClassVar[int]
+    COUPLED_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -22,7 +23,8 @@ class Sampling(_message.Message):
     k_max: int
     tail_samples: int
     tail_samples_set: bool
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., send_mass: _Optional[float] = ..., k_max: _Optional[int] = ..., tail_samples: _Optional[int] = ..., tail_samples_set: _Optional[bool] = ...) -> None: ...
+    coupled: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., send_mass: _Optional[float] = ..., k_max: _Optional[int] = ..., tail_samples: _Optional[int] = ..., tail_samples_set: _Optional[bool] = ..., coupled: _Optional[bool] = ...) -> None: ...
 
 class Limits(_message.Message):
     __slots__ = ("max_live_nodes",)
@@ -31,20 +33,40 @@ class Limits(_message.Message):
     def __init__(self, max_live_nodes: _Optional[int] = ...) -> None: ...
 
 class Open(_message.Message):
-    __slots__ = ("protocol_version", "vocab_hash", "prompt_tokens", "sampling", "seed", "limits")
+    __slots__ = ("protocol_version", "vocab_hash", "prompt_tokens", "sampling", "seed", "limits", "decide")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     VOCAB_HASH_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    DECIDE_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     vocab_hash: str
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     sampling: Sampling
     seed: int
     limits: Limits
-    def __init__(self, protocol_version: _Optional[int] = ..., vocab_hash: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., seed: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ...) -> None: ...
+    decide: Decide
+    def __init__(self, protocol_version: _Optional[int] = ..., vocab_hash: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., seed: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., decide: _Optional[_Union[Decide, _Mapping]] = ...) -> None: ...
+
+class Decide(_message.Message):
+    __slots__ = ("max_tokens", "stop_tokens")
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    max_tokens: int
+    stop_tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Drafts(_message.Message):
+    __slots__ = ("position", "behind", "tokens")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    BEHIND_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    behind: int
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, position: _Optional[int] = ..., behind: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Extend(_message.Message):
     __slots__ = ("tokens", "branch_index", "branch_parent", "commit")
@@ -73,16 +95,18 @@ class MoreTail(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., n: _Optional[int] = ...) -> None: ...
 
 class Uplink(_message.Message):
-    __slots__ = ("open", "extend", "commit", "more_tail")
+    __slots__ = ("open", "extend", "commit", "more_tail", "drafts")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     EXTEND_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     MORE_TAIL_FIELD_NUMBER: _ClassVar[int]
+    DRAFTS_FIELD_NUMBER: _ClassVar[int]
     open: Open
     extend: Extend
     commit: Commit
     more_tail: MoreTail
-    def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., extend: _Optional[_Union[Extend, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., more_tail: _Optional[_Union[MoreTail, _Mapping]] = ...) -> None: ...
+    drafts: Drafts
+    def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., extend: _Optional[_Union[Extend, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., more_tail: _Optional[_Union[MoreTail, _Mapping]] = ..., drafts: _Optional[_Union[Drafts, _Mapping]] = ...) -> None: ...
 
 class Scores(_message.Message):
     __slots__ = ("first_node_id", "self_p", "n_entries", "entry_id_delta", "entry_p", "tail_p", "n_tail_samples", "tail_token", "tail_token_p", "greedy_token", "server_time")
@@ -111,20 +135,56 @@ class Scores(_message.Message):
     def __init__(self, first_node_id: _Optional[int] = ..., self_p: _Optional[_Iterable[int]] = ..., n_entries: _Optional[_Iterable[int]] = ..., entry_id_delta: _Optional[_Iterable[int]] = ..., entry_p: _Optional[_Iterable[int]] = ..., tail_p: _Optional[_Iterable[int]] = ..., n_tail_samples: _Optional[_Iterable[int]] = ..., tail_token: _Optional[_Iterable[int]] = ..., tail_token_p: _Optional[_Iterable[int]] = ..., greedy_token: _Optional[_Iterable[int]] = ..., server_time: _Optional[int] = ...) -> None: ...
 
 class Opened(_message.Message):
-    __slots__ = ("session_id", "model_id", "vocab_hash", "max_live_nodes", "k_max", "root")
+    __slots__ = ("session_id", "model_id", "vocab_hash", "max_live_nodes", "k_max", "root", "coupled", "decides")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VOCAB_HASH_FIELD_NUMBER: _ClassVar[int]
     MAX_LIVE_NODES_FIELD_NUMBER: _ClassVar[int]
     K_MAX_FIELD_NUMBER: _ClassVar[int]
     ROOT_FIELD_NUMBER: _ClassVar[int]
+    COUPLED_FIELD_NUMBER: _ClassVar[int]
+    DECIDES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     model_id: str
     vocab_hash: str
     max_live_nodes: int
     k_max: int
     root: Scores
-    def __init__(self, session_id: _Optional[str] = ..., model_id: _Optional[str] = ..., vocab_hash: _Optional[str] = ..., max_live_nodes: _Optional[int] = ..., k_max: _Optional[int] = ..., root: _Optional[_Union[Scores, _Mapping]] = ...) -> None: ...
+    coupled: bool
+    decides: bool
+    def __init__(self, session_id: _Optional[str] = ..., model_id: _Optional[str] = ..., vocab_hash: _Optional[str] = ..., max_live_nodes: _Optional[int] = ..., k_max: _Optional[int] = ..., root: _Optional[_Union[Scores, _Mapping]] = ..., coupled: _Optional[bool] = ..., decides: _Optional[bool] = ...) -> None: ...
+
+class Decided(_message.Message):
+    __slots__ = ("position", "tokens", "passes", "done", "counts")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PASSES_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    passes: int
+    done: bool
+    counts: DecidedCounts
+    def __init__(self, position: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., passes: _Optional[int] = ..., done: _Optional[bool] = ..., counts: _Optional[_Union[DecidedCounts, _Mapping]] = ...) -> None: ...
+
+class DecidedCounts(_message.Message):
+    __slots__ = ("wall_us", "busy_us", "drafts_received", "drafts_scored", "drafts_reconciled", "dead_skipped", "continuation")
+    WALL_US_FIELD_NUMBER: _ClassVar[int]
+    BUSY_US_FIELD_NUMBER: _ClassVar[int]
+    DRAFTS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    DRAFTS_SCORED_FIELD_NUMBER: _ClassVar[int]
+    DRAFTS_RECONCILED_FIELD_NUMBER: _ClassVar[int]
+    DEAD_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    CONTINUATION_FIELD_NUMBER: _ClassVar[int]
+    wall_us: int
+    busy_us: int
+    drafts_received: int
+    drafts_scored: int
+    drafts_reconciled: int
+    dead_skipped: int
+    continuation: int
+    def __init__(self, wall_us: _Optional[int] = ..., busy_us: _Optional[int] = ..., drafts_received: _Optional[int] = ..., drafts_scored: _Optional[int] = ..., drafts_reconciled: _Optional[int] = ..., dead_skipped: _Optional[int] = ..., continuation: _Optional[int] = ...) -> None: ...
 
 class TailSamples(_message.Message):
     __slots__ = ("node_id", "tail_token", "tail_token_p")
@@ -137,14 +197,16 @@ class TailSamples(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., tail_token: _Optional[_Iterable[int]] = ..., tail_token_p: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Downlink(_message.Message):
-    __slots__ = ("opened", "scores", "tail")
+    __slots__ = ("opened", "scores", "tail", "decided")
     OPENED_FIELD_NUMBER: _ClassVar[int]
     SCORES_FIELD_NUMBER: _ClassVar[int]
     TAIL_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_FIELD_NUMBER: _ClassVar[int]
     opened: Opened
     scores: Scores
     tail: TailSamples
-    def __init__(self, opened: _Optional[_Union[Opened, _Mapping]] = ..., scores: _Optional[_Union[Scores, _Mapping]] = ..., tail: _Optional[_Union[TailSamples, _Mapping]] = ...) -> None: ...
+    decided: Decided
+    def __init__(self, opened: _Optional[_Union[Opened, _Mapping]] = ..., scores: _Optional[_Union[Scores, _Mapping]] = ..., tail: _Optional[_Union[TailSamples, _Mapping]] = ..., decided: _Optional[_Union[Decided, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("protocol_version", "vocab_hash", "prompt_tokens", "sampling", "seed", "max_tokens", "stop_tokens")

@@ -33,14 +33,14 @@ def encode_serve_params(p: ServeParams) -> pb.Sampling:
     s = p.sampling
     return pb.Sampling(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                        send_mass=p.send_mass, k_max=p.k_max, tail_samples=p.tail_samples,
-                       tail_samples_set=True)
+                       tail_samples_set=True, coupled=s.coupled)
 
 
 def decode_serve_params(msg: pb.Sampling, default: ServeParams = ServeParams()) -> ServeParams:
     """Wire sampling -> ServeParams; zeros mean 'default'. Raises WireError naming the field."""
     try:
         sampling = SamplingParams(temperature=msg.temperature, top_k=msg.top_k,
-                                  top_p=msg.top_p or 1.0)
+                                  top_p=msg.top_p or 1.0, coupled=msg.coupled)
         return ServeParams(
             sampling=sampling, k_max=msg.k_max or default.k_max,
             send_mass=msg.send_mass or default.send_mass,
@@ -129,6 +129,42 @@ def decode_scores(msg: pb.Scores) -> list[NodeScore]:
                              msg.tail_p[i], tz[t:t + m], tp[t:t + m]))
         e, t = e + k, t + m
     return out
+
+
+# -- decided sessions -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DraftsMsg:
+    """A Drafts uplink in domain form (see acespec.cloud.decided)."""
+
+    position: int
+    behind: int
+    tokens: list[int]
+
+
+def decode_drafts(msg: pb.Drafts) -> DraftsMsg:
+    if not msg.tokens:
+        raise WireError("Drafts.tokens is empty")
+    if msg.behind > msg.position:
+        raise WireError(f"Drafts.behind {msg.behind} exceeds Drafts.position {msg.position}")
+    return DraftsMsg(msg.position, msg.behind, list(msg.tokens))
+
+
+def encode_counts(c, pending: int, now: float) -> pb.DecidedCounts:
+    """DecidedCounts from acespec.cloud.decided.DecidedCounts (times in microseconds)."""
+    return pb.DecidedCounts(wall_us=round((now - c.opened_at) * 1e6), busy_us=round(c.busy_s * 1e6),
+                            drafts_received=c.drafts_received, drafts_scored=c.drafts_scored,
+                            drafts_reconciled=c.drafts_reconciled,
+                            dead_skipped=c.dead_skipped(pending), continuation=c.continuation)
+
+
+def decode_counts(msg: pb.DecidedCounts) -> dict:
+    """The verifier's account of a decided session, as the edge reports it."""
+    return {"wall_s": msg.wall_us / 1e6, "busy_s": msg.busy_us / 1e6,
+            "drafts_received": msg.drafts_received, "drafts_scored": msg.drafts_scored,
+            "drafts_reconciled": msg.drafts_reconciled, "dead_skipped": msg.dead_skipped,
+            "continuation": msg.continuation}
 
 
 def check_more_tail(msg: pb.MoreTail) -> tuple[int, int]:

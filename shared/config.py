@@ -17,11 +17,16 @@ class SamplingParams:
     temperature: 0 means greedy (argmax); otherwise logits are divided by it.
     top_k: keep the k most likely tokens; 0 means no limit (the cloud caps it at k_max).
     top_p: keep the smallest set of most likely tokens whose mass reaches top_p; 1 = all.
+    coupled: sample by Gumbel-max with noise G(seed, position, token) that edge and cloud
+      compute alike (DESIGN §5): each token is a function of (seed, position, p~), so the
+      verifier decides, and a seed gives cloud-only decoding's text whatever the drafter.
+      False ('exact'): rejection sampling at the edge.
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    coupled: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -34,6 +39,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def decided(self) -> bool:
+        """Every verdict is a function of (seed, position, p~): greedy or coupled."""
+        return self.greedy or self.coupled
 
     @classmethod
     def from_name(cls, name: str) -> SamplingParams:

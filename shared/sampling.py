@@ -72,3 +72,12 @@ class PositionalRng:
         u = np.random.default_rng([self.seed, self.position, self.purpose]).random()
         self.position += 1
         return float(u)
+
+    def coupled(self, q: np.ndarray) -> int:
+        """The coupled draft of q [V] at the next position: argmax log q + G(seed, position)
+        (the verifier uses the same noise; DESIGN §5)."""
+        from acespec.shared.coupled import coupled_draft
+
+        x = coupled_draft(q, self.seed, self.position)
+        self.position += 1
+        return x

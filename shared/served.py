@@ -154,9 +154,14 @@ def node_score(dist: ServedDist, params: ServeParams, node_id: int, self_units: 
                seed: int, position: int | None = None) -> NodeScore:
     """The wire form of p~ for one node; `position` (of the token p~ decides) keys the tail
     samples (default: node_id, for callers without positions)."""
-    if params.sampling.greedy:
+    if params.sampling.decided:  # one id: the token the target decides after this node
         empty = np.zeros(0, np.int64)
-        return NodeScore(node_id, self_units, dist.ids[:1], dist.units[:1], 0, empty, empty)
+        if params.sampling.greedy:
+            return NodeScore(node_id, self_units, dist.ids[:1], dist.units[:1], 0, empty, empty)
+        from acespec.shared.coupled import coupled_target  # (imports this module)
+
+        y = coupled_target(dist.ids, dist.units, seed, node_id if position is None else position)
+        return NodeScore(node_id, self_units, np.array([y]), np.array([UNITS]), 0, empty, empty)
     s = n_sent(dist, params.send_mass)
     order = np.argsort(dist.ids[:s])
     z_ids, z_units = tail_draws(dist, s, seed, node_id if position is None else position, 0,
