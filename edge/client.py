@@ -3,9 +3,11 @@ decode Scores down into `acespec.shared` types. Used by the edge engine and the 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
@@ -43,6 +45,26 @@ def channel(target: str, tls_root_cert: bytes | None = None) -> grpc.aio.Channel
     return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
 
 
+def check_token(token: str) -> str:
+    """A bearer token gRPC can carry in a header (printable ASCII, no spaces), or ValueError:
+    anything else fails inside gRPC as an opaque 'Invalid metadata' on every call."""
+    if not token or not all(33 <= ord(ch) <= 126 for ch in token):
+        raise ValueError("the bearer token must be printable ASCII without spaces")
+    return token
+
+
+def read_token_file(path: str | Path) -> str:
+    """The bearer token in `path`: its first non-empty line (so the verifier's own file, one
+    accepted token per line, works here too). ValueError names the file if it holds none."""
+    lines = [ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError(f"--auth-token-file {path}: the file holds no token")
+    try:
+        return check_token(lines[0])
+    except ValueError as e:
+        raise ValueError(f"--auth-token-file {path}: {e}") from None
+
+
 def metadata(token: str | None, session_key: str | None = None) -> tuple:
     md = [(SESSION_KEY, session_key or uuid.uuid4().hex)]
     if token:
@@ -68,7 +90,20 @@ class CloudSession:
 
     async def _write(self, msg: pb.Uplink) -> None:
         self.bytes_up += msg.ByteSize() + FRAMING
-        await self._call.write(msg)
+        try:
+            await self._call.write(msg)
+        except asyncio.InvalidStateError:  # the verifier ended the stream while we wrote
+            await self._raise_ended()
+
+    async def _raise_ended(self) -> None:
+        """Raise what ended the stream: its status as an AioRpcError (the engine decides
+        whether to resume), or ConnectionError if the verifier closed it without one."""
+        code = await self._call.code()
+        if code == grpc.StatusCode.OK:
+            raise ConnectionError("verifier closed the session stream")
+        raise grpc.aio.AioRpcError(code, await self._call.initial_metadata(),
+                                   await self._call.trailing_metadata(),
+                                   details=await self._call.details())
 
     async def open(self, prompt: Sequence[int], params: ServeParams, seed: int,
                    vocab_hash: str, max_live_nodes: int = 0) -> NodeScore:
@@ -137,8 +172,14 @@ async def generate(ch: grpc.aio.Channel, prompt: Sequence[int], params: ServePar
                              max_tokens=max_tokens, stop_tokens=list(stop))
     if sizes is not None:
         sizes.append(req.ByteSize())
-    async for chunk in stub.Generate(req, metadata=metadata(token)):
-        if sizes is not None:
-            sizes.append(chunk.ByteSize())
-        for t in chunk.tokens:
-            yield t
+    call = stub.Generate(req, metadata=metadata(token))
+    try:
+        async for chunk in call:
+            if sizes is not None:
+                sizes.append(chunk.ByteSize())
+            for t in chunk.tokens:
+                yield t
+            if chunk.done:
+                return
+    finally:
+        call.cancel()  # the caller stopped early (max_tokens, a stop): the verifier stops too

@@ -14,6 +14,7 @@ the session with the committed tokens, losing and duplicating nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ import numpy as np
 from acespec.edge.adaptive import LinkBudgets, LinkEstimate, Shape, choose_shape
 from acespec.edge.client import FRAMING, CloudSession, Tail, generate
 from acespec.edge.engine_types import EngineConfig, Stats
+from acespec.edge.live_nodes import RESERVE, VerifierLive, fit_to_grant
 from acespec.edge.spec_tree import SpecTree
 from acespec.edge.state_cache import BUDGETS, AcceptanceModel, Costs, RecoveryModel, guesses, plan
 from acespec.shared.sampling import PositionalRng
@@ -63,33 +65,71 @@ class EdgeEngine:
         """Decode up to cfg.max_tokens after `prompt`; returns (tokens, stats). on_tokens is
         called with each newly committed token (and the running stats). `seq` is the
         drafter sequence this request may use (one per concurrent request); acespec mode
-        builds its branches on `branch_seq` (default seq + 1)."""
+        builds its branches on `branch_seq` (default seq + 1), which no other request may use.
+        Raises ConnectionError when the verifier cannot be reached (soon, if it never was),
+        grpc.aio.AioRpcError when it refuses, GrantTooSmall when its grant is too small."""
         if cfg.mode != "ar" and self.drafter is None:
             raise ValueError(f"mode {cfg.mode!r} needs a drafter")
         run = _Run(self, list(prompt), cfg, on_tokens, seq,
                    seq + 1 if branch_seq is None else branch_seq)
-        delay, failures, progress = cfg.backoff_s, 0, 0
+        retry = _Reconnect(cfg)
         while not run.finished:
             try:
                 await (run.ar() if cfg.mode == "ar" else run.speculate())
             except (grpc.aio.AioRpcError, ConnectionError, Lost) as e:
-                code = e.code() if isinstance(e, grpc.aio.AioRpcError) else None
-                if code not in (None, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
-                                grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
-                    raise  # a refusal (bad request, auth, vocab): retrying cannot help
-                if len(run.out) > progress:  # the last session got somewhere: a new outage
-                    delay, failures, progress = cfg.backoff_s, 0, len(run.out)
-                if failures >= cfg.max_reconnects:
-                    raise ConnectionError(f"verifier unreachable after {cfg.max_reconnects} "
-                                          f"reconnects: {e}") from e
-                failures += 1
-                run.stats.reconnects += 1
-                log.warning("verifier connection lost (%s); reconnecting in %.2f s with %d "
-                            "committed tokens", code.name if code else e, delay, len(run.out))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 8.0)
+                await retry.wait(e, run)
         run.stats.seconds = time.perf_counter() - run.t0
         return run.out, run.stats
+
+
+def _reason(e: Exception) -> str:
+    """One line for a failed call (an AioRpcError's str() is a multi-line debug dump)."""
+    if isinstance(e, grpc.aio.AioRpcError):
+        return f"{e.code().name}: {e.details()}"
+    return str(e)
+
+
+def _retriable(e: Exception) -> bool:
+    """A lost connection is worth a new session; a refusal (bad request, auth, vocabulary,
+    an unusable token in the metadata) would only be refused again."""
+    if not isinstance(e, grpc.aio.AioRpcError):
+        return True
+    if "metadata" in (e.details() or "").lower():
+        return False
+    return e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                        grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+
+
+class _Reconnect:
+    """The resume policy of one request: exponential backoff for a connection that worked
+    (the committed text is kept), but a quick, clear failure when no session ever opened:
+    a wrong address or a verifier that is down should not take half a minute to report."""
+
+    def __init__(self, cfg: EngineConfig):
+        self.cfg, self.t0 = cfg, time.perf_counter()
+        self.delay, self.failures, self.progress = cfg.backoff_s, 0, 0
+
+    async def wait(self, e: Exception, run: _Run) -> None:
+        if not _retriable(e):
+            raise e
+        cfg = self.cfg
+        if not run.connected and (time.perf_counter() - self.t0 + self.delay
+                                  > cfg.connect_timeout_s):
+            raise ConnectionError(f"no connection within {cfg.connect_timeout_s:g} s "
+                                  f"({_reason(e)})") from e
+        if len(run.out) > self.progress:  # the last session got somewhere: a new outage
+            self.delay, self.failures, self.progress = cfg.backoff_s, 0, len(run.out)
+        if self.failures >= cfg.max_reconnects:
+            raise ConnectionError(f"verifier unreachable after {cfg.max_reconnects} "
+                                  f"reconnects ({_reason(e)})") from e
+        self.failures += 1
+        run.stats.reconnects += 1
+        # Before any session opened this is not an outage yet, only a slow start: no warning.
+        log.log(logging.WARNING if run.connected else logging.INFO,
+                "verifier connection lost (%s); reconnecting in %.2f s with %d committed "
+                "tokens", _reason(e), self.delay, len(run.out))
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.delay * 2, 8.0)
 
 
 class _Run:
@@ -111,6 +151,7 @@ class _Run:
         self.stats = Stats()
         self.t0 = time.perf_counter()
         self.finished = False
+        self.connected = False  # a verifier answered at least once (resume, not fail fast)
         self._sess: CloudSession | None = None  # the live session (for live byte counts)
         self._base_bytes = (0, 0)
 
@@ -151,12 +192,16 @@ class _Run:
         sizes: list[int] = []
         try:
             left = self.cfg.max_tokens - len(self.out)
-            async for tok in generate(ch, self.prompt + self.out, self.cfg.serve, self.cfg.seed,
-                                      left, self.e.vocab_hash, self.e.token,
-                                      list(self.cfg.stop_ids), sizes):
-                self.stats.target_forwards += 1
-                self.stats.rounds += 1
-                self._emit([tok])
+            stream = generate(ch, self.prompt + self.out, self.cfg.serve, self.cfg.seed, left,
+                              self.e.vocab_hash, self.e.token, list(self.cfg.stop_ids), sizes)
+            async with contextlib.aclosing(stream) as tokens:  # closing cancels the call
+                async for tok in tokens:
+                    self.connected = True
+                    self.stats.target_forwards += 1
+                    self.stats.rounds += 1
+                    self._emit([tok])
+                    if self.finished:  # max_tokens or a stop: read no further
+                        break
             self.finished = True
         finally:
             if sizes:
@@ -179,6 +224,8 @@ class _Run:
             # nodes one Extend later than the edge does: it may hold up to twice the window.
             root = await sess.open(context, self.cfg.serve, self.cfg.seed, self.e.vocab_hash,
                                    max_live_nodes=self._live_limit())
+            self.connected = True
+            self._fit(sess.max_live_nodes or self._live_limit())
             self.pending_commit = None  # node id to commit with the next Extend
             self.stats.target_forwards += 1
             tree = SpecTree(context[-1], len(context) - 1, root)
@@ -231,7 +278,25 @@ class _Run:
                 fl.sent.append((time.perf_counter(), sess.bytes_up - before))
                 fl.in_flight += 1
                 continue
+            if fl.in_flight == 0 and not fl.want_tail and inbox.empty():
+                # Nothing in flight and nothing to send: waiting would hang forever.
+                raise RuntimeError(f"edge engine stalled at {len(self.out)} tokens with "
+                                   f"{self.live.held_after(self.pending_commit)} of "
+                                   f"{self.live.grant} live nodes held by the verifier")
             self._take(await inbox.get(), tree, fl)
+
+    def _fit(self, grant: int) -> None:
+        """Fit the shape (and its adaptive bounds) to the live nodes the verifier granted."""
+        c = self.cfg
+        self.live = VerifierLive(grant)
+        self.bounds = fit_to_grant(grant, c.max_depth if c.adaptive else c.depth,
+                                   c.max_window if c.adaptive else c.window)
+        start = self.shape if c.adaptive else Shape(c.depth, c.window)  # grants may differ
+        self.shape = Shape(*fit_to_grant(grant, start.depth, start.window))
+
+    def _room(self) -> int:
+        """Most nodes the next Extend may add within the verifier's grant."""
+        return self.live.room(self.pending_commit, decided=self.head is not None)
 
     def _live_limit(self) -> int:
         """Live nodes the verifier must allow: the window, a chunk, and in acespec mode the
@@ -271,9 +336,11 @@ class _Run:
         return len(tree.path_tokens(tree.tip))
 
     def _may_draft(self, tree: SpecTree, in_flight: int) -> bool:
-        if self.head is not None:
-            return True  # a decided token must reach the verifier
+        if self.head is not None:  # a decided token must reach the verifier, with a draft
+            return self._room() >= RESERVE
         if len(self.out) + len(tree.path_tokens(tree.tip)) > self.cfg.max_tokens:
+            return False
+        if self._room() < 1:  # the verifier's grant is full: wait for verdicts (commits)
             return False
         if self.cfg.mode == "sd":
             return in_flight == 0
@@ -286,8 +353,14 @@ class _Run:
             return
         if self._since_change < 8:  # dwell: let the estimate see the current shape first
             return
+        max_depth, max_window = self.bounds
+        if max_depth < 2:  # the grant holds no shape the model chooses from
+            return
         new = choose_shape(self.alpha, self.link.base_rtt(), self.link.bandwidth(), self.draft_s,
-                           self.shape, self.cfg.max_depth, self.cfg.max_window, self.link.step())
+                           self.shape, max_depth,
+                           max(max_depth, min(self.cfg.max_window, self.live.grant - 3)),
+                           self.link.step())
+        new = Shape(*fit_to_grant(self.live.grant, new.depth, new.window))
         if new != self.shape:
             log.debug("shape %s -> %s (acceptance %.2f, base rtt %.1f ms, %.0f B/s)", self.shape,
                       new, self.alpha, 1000 * self.link.base_rtt(), self.link.bandwidth())
@@ -326,13 +399,15 @@ class _Run:
         lead = [head[1]] if head else []
         context = self.prompt + self.out + ([] if head else tree.path_tokens(tree.tip))
         room = self.cfg.max_tokens - len(self.out) - (0 if head else len(tree.path_tokens(tree.tip)))
-        n = max(1, min(self.shape.depth, room))
+        grant_room = self._room()  # nodes this Extend may add within the verifier's grant
+        n = max(1, min(self.shape.depth, room, grant_room - len(lead)))
         t0 = time.perf_counter()
         draft = self.e.drafter.propose(context, n, self.cfg.serve.sampling,
                                        self._draft_rng(len(context)), seq=self.seq)
         self._time_drafts(time.perf_counter() - t0, len(draft))
         self.stats.drafted += len(draft)
-        branches = self._branches(context, draft) if self.cfg.mode == "acespec" else []
+        branches = self._branches(context, draft, grant_room - len(lead) - len(draft)) \
+            if self.cfg.mode == "acespec" else []
         log.debug("extend at position %d: lead %s drafts %s, %d branches", len(context), lead,
                   draft.tokens.tolist(), len(branches))
         first = sess.next_id
@@ -346,6 +421,7 @@ class _Run:
             parents += [anchor[br.j]] + list(range(base, base + len(toks) - 1))
             base += len(toks)
         await sess.extend(tokens, parents, commit=self.pending_commit)
+        self.live.extend(first, parents, self.pending_commit)
         self.pending_commit = None
         if head:
             node = tree.add(first, lead, parent, None)[0]
@@ -368,8 +444,11 @@ class _Run:
             self.stats.cache.branch_nodes += len(toks)
         tree.tip = made[-1]
 
-    def _branches(self, context: list[int], draft) -> list[tuple]:
-        """Plan and draft recovery branches for this chunk: [(Branch, tokens, qs)]."""
+    def _branches(self, context: list[int], draft, max_nodes: int) -> list[tuple]:
+        """Plan and draft recovery branches for this chunk, at most max_nodes nodes in all
+        (what the verifier's grant leaves): [(Branch, tokens, qs)]."""
+        if max_nodes < 1:
+            return []
         c = self.cfg.cache
         rtt = float(np.median(self.stats.round_trips[-8:])) if self.stats.round_trips else 0.1
         per_round = self.stats.tokens / self.stats.rounds if self.stats.rounds else 2.0
@@ -383,13 +462,18 @@ class _Run:
                                            self.link.bandwidth(),
                                            self.draft_s * len(draft))
         budgets = c.budgets(derived)
+        nodes = BUDGETS.index("cloud_nodes")
+        budgets[nodes] = min(budgets[nodes], max_nodes)
         node_s = c.node_s if c.node_s is not None else \
             (costs.up_per_node + costs.down_per_node) / self.link.bandwidth() + NODE_PASS_S
         plans = plan(draft.q, draft.tokens, self.acc, c, token_s=token_s, node_s=node_s,
                      costs=costs, budgets=budgets, ranks=draft.ranks, rec=self.rec)
         self.stats.budgets = {k: round(v, 2) for k, v in zip(BUDGETS, budgets.tolist())}
-        out = []
+        out, used = [], 0
         for br in plans:
+            if used + 1 + br.depth > max_nodes:  # the allocator's prefix closure may overshoot
+                continue
+            used += 1 + br.depth
             prefix = context + draft.tokens[:br.j].tolist() + [br.token]
             qs = None
             toks = [br.token]

@@ -23,16 +23,28 @@ class EngineConfig:
     stop_ids: frozenset[int] = frozenset()
     max_reconnects: int = 8
     backoff_s: float = 0.25  # first reconnect delay, doubled each time (max 8 s)
+    connect_timeout_s: float = 3.0  # give up this soon when no session ever opened
     cache: CacheConfig = field(default_factory=CacheConfig)  # acespec mode only
     adaptive: bool = False  # depth/window follow the link (acespec.edge.adaptive); start at depth/window
     max_depth: int = 8  # bounds for the adaptive shape
     max_window: int = 32
+
+    def drafter_reserve(self) -> int:
+        """Drafter KV cells one request may need beyond prompt + max_tokens: its branch
+        sequence keeps up to a window of drafts the main one dropped, plus a guessed token
+        and the branch's drafts."""
+        return (max(self.window, self.max_window) + max(self.depth, self.max_depth)
+                + self.cache.branch_depth + 2)
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.depth < 1 or self.window < self.depth:
             raise ValueError("need depth >= 1 and window >= depth")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64 - 1], got {self.seed}")
         if self.adaptive and (self.max_depth < self.depth or self.max_window < self.window):
             raise ValueError("need max_depth >= depth and max_window >= window")
 
