@@ -2,20 +2,53 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import math
 import sys
 import time
 from pathlib import Path
 
 EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REFUSED = 2, 3, 4
+MAX_DEPTH, MAX_WINDOW = 64, 1024
+MAX_CONCURRENT = 64  # sequences: 2 per generation (main + branches) + 1, within llama.cpp's cap
+U64 = 2**64 - 1  # the wire's seed is a uint64
+U32 = 2**32 - 1  # ... and top_k a uint32
+
+
+class _OneLineErrors(argparse.ArgumentParser):
+    """A bad flag is reported in one line naming it (not the whole usage block)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _number(kind, lo=None, hi=None, lo_open=False):
+    """An argparse type: a `kind` (int or float) in [lo, hi] ((lo, hi] with lo_open), finite."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        bad = value is None or (kind is float and not math.isfinite(value)) or \
+            (lo is not None and (value <= lo if lo_open else value < lo)) or \
+            (hi is not None and value > hi)
+        if bad:
+            noun = "an integer" if kind is int else "a number"
+            span = f"{'(' if lo_open else '['}{lo}, {'inf)' if hi is None else f'{hi}]'}"
+            raise argparse.ArgumentTypeError(f"must be {noun} in {span}, got {text!r}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in some messages
+    return parse
 
 
 def add_parser(sub) -> None:
     from acespec.models import DEMO_DRAFTER, DEMO_TARGET
 
     p = sub.add_parser("edge", help="the edge: drafter + engine talking to a cloud verifier")
-    esub = p.add_subparsers(dest="edge_cmd", required=True, metavar="COMMAND")
+    esub = p.add_subparsers(dest="edge_cmd", required=True, metavar="COMMAND",
+                            parser_class=_OneLineErrors)
     g = esub.add_parser(
         "generate", help="stream a continuation of PROMPT, drafting locally, verified remotely",
         description="Speculative decoding against a cloud verifier: the llama.cpp drafter "
@@ -28,12 +61,15 @@ def add_parser(sub) -> None:
     g.add_argument("--tokenizer", default=str(DEMO_TARGET),
                    help="tokenizer.json or its folder, used with --drafter ngram")
     _add_engine_args(g, "acespec")
-    g.add_argument("--max-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--send-mass", type=float, default=0.9, help="downlink: sent mass per node")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-tokens", type=_number(int, 1, 2**31 - 1), default=128,
+                   help="tokens to generate, >= 1 (default: %(default)s)")
+    g.add_argument("--temperature", type=_number(float, 0.0), default=0.0,
+                   help="0 = greedy (default)")
+    g.add_argument("--top-k", type=_number(int, 0, U32), default=0, help="0 = no limit")
+    g.add_argument("--top-p", type=_number(float, 0.0, 1.0, lo_open=True), default=1.0)
+    g.add_argument("--send-mass", type=_number(float, 0.0, 1.0, lo_open=True), default=0.9,
+                   help="downlink: sent mass per node")
+    g.add_argument("--seed", type=_number(int, 0, U64), default=0)
     g.add_argument("--auth-token-file", help="bearer token for the verifier")
     g.add_argument("--tls-ca", help="PEM root certificate: connect with TLS")
     g.add_argument("--json", action="store_true",
@@ -45,11 +81,22 @@ def add_parser(sub) -> None:
         "chat template), /v1/models, /health and /metrics on a local port; generation is "
         "drafted here and verified by the cloud verifier.")
     sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--port", type=_number(int, 1, 65535), default=8000)
     sv.add_argument("--cloud", default="localhost:50051", help="verifier HOST:PORT")
     sv.add_argument("--drafter", default=str(DEMO_DRAFTER), help="drafter GGUF")
     _add_engine_args(sv, "pipeline")
-    sv.add_argument("--send-mass", type=float, default=0.9)
+    sv.add_argument("--send-mass", type=_number(float, 0.0, 1.0, lo_open=True), default=0.9)
+    cap = sv.add_argument_group(
+        "capacity (the drafter's context holds max-concurrent x (ctx-per-request + a reserve "
+        "for drafts and branches) tokens; requests beyond max-concurrent wait in a queue, "
+        "beyond max-queue they get 503 with Retry-After)")
+    cap.add_argument("--max-concurrent", type=_number(int, 1, MAX_CONCURRENT), default=8,
+                     help="generations running at once (default: %(default)s)")
+    cap.add_argument("--ctx-per-request", type=_number(int, 16, 2**20), default=2048,
+                     help="most prompt + max_tokens tokens of one request; longer ones get "
+                     "400 (default: %(default)s)")
+    cap.add_argument("--max-queue", type=_number(int, 0, 2**20), default=64,
+                     help="generations waiting for a slot (default: %(default)s)")
     sv.add_argument("--model-name", default="acespec", help="the model id clients send")
     sv.add_argument("--auth-token-file", help="bearer token for the verifier")
     sv.add_argument("--tls-ca", help="PEM root certificate: connect with TLS")
@@ -61,18 +108,19 @@ def _add_engine_args(p, mode: str) -> None:
     p.add_argument("--mode", default=mode, choices=["ar", "sd", "pipeline", "acespec"],
                    help="ar: cloud only; sd: draft-send-wait; pipeline: streamed drafts; "
                    "acespec: pipeline + pre-scored recovery branches (default: %(default)s)")
-    p.add_argument("--depth", type=int, default=None,
+    p.add_argument("--depth", type=_number(int, 1, MAX_DEPTH), default=None,
                    help="drafts per Extend; unset: adaptive (starts at 4, follows the link)")
-    p.add_argument("--window", type=int, default=None,
-                   help="most live drafted nodes; unset: adaptive (starts at 16)")
+    p.add_argument("--window", type=_number(int, 1, MAX_WINDOW), default=None,
+                   help="most live drafted nodes, >= --depth; unset: adaptive (starts at 16)")
     b = p.add_argument_group("state cache budgets per chunk (acespec mode; unset = derived "
                              "from the measured link and drafter)")
-    b.add_argument("--cache-draft-ms", type=float, default=None, help="drafter time for branches")
-    b.add_argument("--cache-uplink-bytes", type=float, default=None)
-    b.add_argument("--cache-downlink-bytes", type=float, default=None)
-    b.add_argument("--cache-cloud-nodes", type=float, default=8.0,
+    amount = _number(float, 0.0)
+    b.add_argument("--cache-draft-ms", type=amount, default=None, help="drafter time for branches")
+    b.add_argument("--cache-uplink-bytes", type=amount, default=None)
+    b.add_argument("--cache-downlink-bytes", type=amount, default=None)
+    b.add_argument("--cache-cloud-nodes", type=amount, default=8.0,
                    help="branch nodes the verifier scores per chunk (default: %(default)s)")
-    b.add_argument("--cache-kv-mb", type=float, default=64.0,
+    b.add_argument("--cache-kv-mb", type=amount, default=64.0,
                    help="edge memory for branch KV, MB (default: %(default)s)")
 
 
@@ -82,8 +130,10 @@ def engine_config(args, **kw):
     from acespec.edge.state_cache import CacheConfig
 
     adaptive = args.depth is None and args.window is None
-    depth = args.depth or 4
-    window = max(args.window or 16, depth)
+    if args.depth is not None and args.window is not None and args.window < args.depth:
+        raise ValueError(f"--window {args.window} must be >= --depth {args.depth}")
+    depth = 4 if args.depth is None else args.depth
+    window = max(16 if args.window is None else args.window, depth)
     cache = CacheConfig(kv_bytes=args.cache_kv_mb * 1e6, draft_ms=args.cache_draft_ms,
                         uplink_bytes=args.cache_uplink_bytes,
                         downlink_bytes=args.cache_downlink_bytes,
@@ -93,28 +143,57 @@ def engine_config(args, **kw):
 
 
 def _codec_and_drafter(args):
+    """(TextCodec, drafter) from --drafter (and --tokenizer for 'ngram'); ValueError naming
+    the flag when a file cannot be used."""
     from acespec.edge.text import TextCodec
 
     if args.drafter == "ngram":
         from acespec.edge.ngram_drafter import NgramDrafter
-
-        codec = TextCodec.from_tokenizer(args.tokenizer)
         from acespec.shared.tokenizer import Tokenizer
 
-        return codec, NgramDrafter(Tokenizer.load(args.tokenizer).vocab_size)
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+        try:
+            codec = TextCodec.from_tokenizer(args.tokenizer)
+            vocab = Tokenizer.load(args.tokenizer).vocab_size
+        except Exception as e:  # noqa: BLE001 - the tokenizers library raises bare Exception
+            raise ValueError(f"--tokenizer {args.tokenizer}: cannot load a tokenizer.json "
+                             f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                             ) from None
+        return codec, NgramDrafter(vocab)
+    return _llama_codec_and_drafter(args.drafter, n_seq_max=2)
 
-    if not Path(args.drafter).is_file():
-        raise FileNotFoundError(f"no drafter GGUF at {args.drafter}; pass --drafter FILE or 'ngram'")
-    drafter = LlamaDrafter(args.drafter, LlamaDrafterConfig(n_seq_max=2))
+
+def _llama_codec_and_drafter(path: str, **config):
+    from acespec.edge.llama_drafter import DrafterError, LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.text import TextCodec
+
+    if not Path(path).is_file():
+        raise ValueError(f"--drafter {path}: no such file; pass a GGUF file or 'ngram'")
+    try:
+        drafter = LlamaDrafter(path, LlamaDrafterConfig(**config))
+    except DrafterError as e:
+        raise ValueError(f"--drafter {path}: {e}") from None
     return TextCodec.from_drafter(drafter), drafter
+
+
+def _check_context(drafter, prompt: list[int], cfg) -> None:
+    """The request must fit the drafter's context: refuse it up front, not mid-generation."""
+    n_ctx = getattr(getattr(drafter, "config", None), "n_ctx", None)
+    if n_ctx is None or cfg.mode == "ar":
+        return
+    need = len(prompt) + cfg.max_tokens + cfg.drafter_reserve()
+    if need > n_ctx:
+        raise ValueError(f"--max-tokens {cfg.max_tokens}: the prompt ({len(prompt)} tokens) "
+                         f"plus {cfg.max_tokens} tokens exceed the drafter's context of "
+                         f"{n_ctx} tokens ({cfg.drafter_reserve()} are kept for drafts)")
 
 
 def run_generate(args) -> int:
     import grpc
 
-    from acespec.edge.client import channel
+    from acespec.edge.client import channel, read_token_file
     from acespec.edge.engine import EdgeEngine, EngineConfig
+    from acespec.edge.live_nodes import GrantTooSmall
+    from acespec.edge.llama_drafter import DrafterError
     from acespec.edge.text import StreamDecoder
     from acespec.shared.config import ConfigError, SamplingParams
     from acespec.shared.served import ServeParams
@@ -127,15 +206,16 @@ def run_generate(args) -> int:
         serve = ServeParams(SamplingParams(args.temperature, args.top_k, args.top_p),
                             send_mass=args.send_mass)
         cfg = engine_config(args, serve=serve, seed=args.seed, max_tokens=args.max_tokens)
+        token = read_token_file(args.auth_token_file) if args.auth_token_file else None
+        root_cert = _read_file("--tls-ca", args.tls_ca) if args.tls_ca else None
         codec, drafter = _codec_and_drafter(args)
-        token = Path(args.auth_token_file).read_text().strip() if args.auth_token_file else None
-        root_cert = Path(args.tls_ca).read_bytes() if args.tls_ca else None
-    except (ConfigError, ValueError, FileNotFoundError, OSError) as e:
+        prompt = codec.encode(args.prompt)
+        _check_context(drafter, prompt, cfg)
+    except (ConfigError, ValueError, OSError) as e:
         return fail(EXIT_USAGE, str(e))
     cfg = EngineConfig(**{**cfg.__dict__, "stop_ids": frozenset({codec.eos_id} - {None})})
     engine = EdgeEngine(lambda: channel(args.cloud, root_cert), codec.vocab_hash,
                         None if args.mode == "ar" else drafter, token)
-    prompt = codec.encode(args.prompt)
     status = _Status(not args.json)
     stream = StreamDecoder(codec)
 
@@ -152,6 +232,10 @@ def run_generate(args) -> int:
         return fail(EXIT_UNREACHABLE, f"cannot reach the verifier at {args.cloud}: {e}")
     except grpc.aio.AioRpcError as e:
         return fail(EXIT_REFUSED, f"verifier refused the request ({e.code().name}): {e.details()}")
+    except GrantTooSmall as e:
+        return fail(EXIT_REFUSED, str(e))
+    except DrafterError as e:
+        return fail(1, f"the drafter failed: {e}")
     figures = {**stats.as_dict(), "mode": args.mode, "depth": cfg.depth,
                "window": cfg.window, "adaptive": cfg.adaptive}
     if args.json:
@@ -161,6 +245,13 @@ def run_generate(args) -> int:
         sys.stdout.write(stream.finish() + "\n")
         print(_summary(figures), file=sys.stderr)
     return 0
+
+
+def _read_file(flag: str, path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: {e.strerror or e}") from None
 
 
 def _summary(f: dict) -> str:
@@ -198,28 +289,28 @@ class _Status:
 
 
 def build_service(args):
-    """The EdgeService for `serve` (also used by tests)."""
-    import asyncio  # noqa: F401 - the service's queue binds to the running loop lazily
-
-    from acespec.edge.client import channel
+    """The EdgeService for `serve` (also used by tests). ValueError/OSError naming the flag."""
+    from acespec.edge.client import channel, read_token_file
     from acespec.edge.http_app import EdgeMetrics
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
     from acespec.edge.server import EdgeService
-    from acespec.edge.text import TextCodec
     from acespec.shared.served import ServeParams
 
-    if not Path(args.drafter).is_file():
-        raise FileNotFoundError(f"no drafter GGUF at {args.drafter}")
-    drafter = LlamaDrafter(args.drafter, LlamaDrafterConfig(n_seq_max=40))
-    token = Path(args.auth_token_file).read_text().strip() if args.auth_token_file else None
-    root_cert = Path(args.tls_ca).read_bytes() if args.tls_ca else None
     base = engine_config(args, serve=ServeParams(send_mass=args.send_mass))
-    return EdgeService(codec=TextCodec.from_drafter(drafter),
-                       drafter=None if args.mode == "ar" else drafter,
+    token = read_token_file(args.auth_token_file) if args.auth_token_file else None
+    root_cert = _read_file("--tls-ca", args.tls_ca) if args.tls_ca else None
+    n = args.max_concurrent
+    if args.mode == "ar":  # the drafter only tokenizes
+        codec, drafter = _llama_codec_and_drafter(args.drafter, n_ctx=256, n_seq_max=1)
+    else:  # each generation: a main and a branch sequence; seq 0 stays free for tools
+        per_request = args.ctx_per_request + base.drafter_reserve()
+        codec, drafter = _llama_codec_and_drafter(args.drafter, n_ctx=n * per_request,
+                                                  n_seq_max=2 * n + 1)
+    return EdgeService(codec=codec, drafter=None if args.mode == "ar" else drafter,
                        connect=lambda: channel(args.cloud, root_cert),
                        model_name=args.model_name,
                        base=base, chat_template=drafter.chat_template(), token=token,
-                       metrics=EdgeMetrics())
+                       metrics=EdgeMetrics(), max_concurrent=n,
+                       ctx_per_request=args.ctx_per_request, max_queue=args.max_queue)
 
 
 def run_serve(args) -> int:
@@ -229,7 +320,7 @@ def run_serve(args) -> int:
 
     try:
         svc = build_service(args)
-    except (ValueError, FileNotFoundError, OSError) as e:
+    except (ValueError, OSError) as e:
         print(f"acespec edge serve: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     print(f"acespec edge listening on http://{args.host}:{args.port} (model "
