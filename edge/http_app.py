@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -12,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
+from acespec.edge.live_nodes import GrantTooSmall
 from acespec.edge.openai_types import ApiError, parse_request
 from acespec.edge.server import EdgeService, complete, stream
 
@@ -52,30 +54,88 @@ class EdgeMetrics:
         return generate_latest(self.registry)
 
 
+async def _read_json(request: Request):
+    try:
+        return await request.json()
+    except (ValueError, UnicodeDecodeError):  # JSONDecodeError, or an over-long integer
+        raise ApiError(400, "request body is not valid JSON") from None
+    except RecursionError:
+        raise ApiError(400, "request body is not valid JSON: nested too deeply") from None
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its (non-streamed) response was ready."""
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has gone away (the body is already read: the next ASGI
+    message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(request: Request, work):
+    """Await `work`, cancelling it if the client goes away first: a client that gives up
+    must not keep drafter sequences and verifier sessions busy until its text is done."""
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        task.cancel()  # a no-op once it is done
+    if task not in done:
+        raise _ClientGone
+    return task.result()
+
+
+class _AdmittedStream(StreamingResponse):
+    """A stream that gives its admission back when it ends, however it ends (its body may
+    never start when the client is already gone)."""
+
+    def __init__(self, content, release, **kw):
+        super().__init__(content, **kw)
+        self._release = release
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+def _error(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
 def create_app(svc: EdgeService) -> Starlette:
     async def completions(request: Request, chat: bool):
         endpoint = "chat" if chat else "completions"
         try:
-            try:
-                body = await request.json()
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise ApiError(400, "request body is not valid JSON") from None
-            req = parse_request(body, chat, svc.render_chat)
+            req = parse_request(await _read_json(request), chat, svc.render_chat)
             if req.model != svc.model_name:
                 raise ApiError(404, f"model {req.model!r} does not exist; this server serves "
                                f"{svc.model_name!r}", "model", code="model_not_found")
+            prompt = svc.prompt_tokens(req)
+            release = svc.admit(req.n)
             if req.stream:
                 svc.metrics.requests.labels(endpoint, "200").inc()
-                return StreamingResponse(_guarded(stream(svc, req)), media_type="text/event-stream")
-            resp = JSONResponse(await complete(svc, req))
+                return _AdmittedStream(_guarded(stream(svc, req, prompt)), release,
+                                       media_type="text/event-stream")
+            try:
+                body = await _unless_disconnected(request, complete(svc, req, prompt))
+            finally:
+                release()
+            resp = JSONResponse(body)
         except ApiError as e:
-            resp = JSONResponse(e.body(), status_code=e.status)
-        except (ConnectionError, grpc.aio.AioRpcError) as e:
-            resp = _cloud_error(e)
+            resp = _error(e)
+        except _ClientGone:
+            resp = PlainTextResponse("client closed the request", status_code=499)
+        except (ConnectionError, grpc.aio.AioRpcError, GrantTooSmall) as e:
+            resp = _error(_cloud_error(e))
         except Exception:  # noqa: BLE001 - never a traceback in a response
             log.exception("request failed")
-            resp = JSONResponse(ApiError(500, "internal error (see the server log)",
-                                         kind="server_error").body(), status_code=500)
+            resp = _error(ApiError(500, "internal error (see the server log)",
+                                   kind="server_error"))
         svc.metrics.requests.labels(endpoint, str(resp.status_code)).inc()
         return resp
 
@@ -108,20 +168,41 @@ def create_app(svc: EdgeService) -> Starlette:
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-def _cloud_error(e: Exception) -> JSONResponse:
-    if isinstance(e, grpc.aio.AioRpcError) and e.code() != grpc.StatusCode.UNAVAILABLE:
-        return JSONResponse(ApiError(502, f"the verifier refused the request "
-                                     f"({e.code().name}): {e.details()}", kind="upstream_error")
-                            .body(), status_code=502)
-    return JSONResponse(ApiError(503, "the cloud verifier is unreachable; retry shortly",
-                                 kind="service_unavailable").body(), status_code=503)
+_CLIENT_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
+
+
+def _cloud_error(e: Exception) -> ApiError:
+    """What a verifier failure means to the HTTP client: its own request was too big (400),
+    the verifier is busy or unreachable (503, retry), or the deployment is broken (502)."""
+    if isinstance(e, GrantTooSmall):
+        return ApiError(502, str(e), kind="upstream_error")
+    if not isinstance(e, grpc.aio.AioRpcError) or e.code() == grpc.StatusCode.UNAVAILABLE:
+        return ApiError(503, "the cloud verifier is unreachable; retry shortly",
+                        kind="service_unavailable", headers={"Retry-After": "1"})
+    code, details = e.code(), e.details() or ""
+    if code in _CLIENT_CODES or (code == grpc.StatusCode.RESOURCE_EXHAUSTED
+                                 and "prompt" in details):
+        return ApiError(400, f"the verifier refused the request: {details}", "prompt",
+                        code="context_length_exceeded")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # e.g. full: max_sessions reached
+        return ApiError(503, f"the verifier is busy: {details}; retry shortly",
+                        kind="service_unavailable", headers={"Retry-After": "1"})
+    return ApiError(502, f"the verifier refused the request ({code.name}): {details}",
+                    kind="upstream_error")
 
 
 async def _guarded(events):
-    """Errors after the stream started become an error event, then [DONE]."""
+    """Errors after the stream started become one error event, then [DONE]."""
     try:
         async for e in events:
             yield e
-    except (ConnectionError, grpc.aio.AioRpcError) as e:
-        yield f"data: {json.dumps(json.loads(_cloud_error(e).body))}\n\n"
-        yield "data: [DONE]\n\n"
+    except (ConnectionError, grpc.aio.AioRpcError, GrantTooSmall) as e:
+        yield _sse_error(_cloud_error(e))
+    except Exception:  # noqa: BLE001 - never a traceback in a stream
+        log.exception("stream failed")
+        yield _sse_error(ApiError(500, "internal error (see the server log)",
+                                  kind="server_error"))
+
+
+def _sse_error(e: ApiError) -> str:
+    return f"data: {json.dumps(e.body())}\n\ndata: [DONE]\n\n"

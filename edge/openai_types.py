@@ -12,9 +12,11 @@ class ApiError(Exception):
     """An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 kind: str = "invalid_request_error", code: str | None = None):
+                 kind: str = "invalid_request_error", code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+        self.headers = headers  # e.g. Retry-After on a 503
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,
@@ -51,6 +53,17 @@ def _num(body: dict, name: str, kind, default, lo=None, hi=None):
     return kind(value)
 
 
+def _bool(obj: dict, name: str, default: bool, param: str | None = None) -> bool:
+    """A JSON boolean: "false" (a string) is not false, and must not be read as true."""
+    value = obj.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{param or name}' must be a boolean (true or false), got "
+                       f"{type(value).__name__} {value!r:.40}", param or name)
+    return value
+
+
 def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
     """Validate a /v1/completions or /v1/chat/completions body; names the bad parameter."""
     if not isinstance(body, dict):
@@ -77,6 +90,8 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
     if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
         raise ApiError(400, "'stop' must be a string or a list of up to 4 non-empty strings", "stop")
     options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", "stream_options")
     default_max = 256 if chat else 16
     return CompletionRequest(
         model=model, prompt=prompt, chat=chat,
@@ -86,8 +101,8 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
         top_p=_num(body, "top_p", float, 1.0, 1e-6, 1.0),
         top_k=_num(body, "top_k", int, 0, 0, 4096),
         seed=_num(body, "seed", int, None, 0, 2**63 - 1),
-        n=_num(body, "n", int, 1, 1, 8), stop=stop, stream=bool(body.get("stream", False)),
-        include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+        n=_num(body, "n", int, 1, 1, 8), stop=stop, stream=_bool(body, "stream", False),
+        include_usage=_bool(options, "include_usage", False, "stream_options.include_usage"),
         user=body.get("user") if isinstance(body.get("user"), str) else None)
 
 

@@ -1,7 +1,11 @@
 """`acespec edge serve`: the edge as a local OpenAI-compatible HTTP server (Starlette).
 
-Requests share one drafter (a sequence per concurrent generation) and one gRPC channel to
-the verifier. Streaming uses server-sent events in OpenAI's chunk format ending in [DONE].
+Requests share one drafter and one gRPC channel to the verifier. The drafter's context is
+sized for `max_concurrent` generations of `ctx_per_request` tokens each: a generation holds
+one drafter sequence (and one more for its state-cache branches) while it runs; the others
+wait in a queue of at most `max_queue`, beyond which a request gets 503 with Retry-After,
+and a request longer than `ctx_per_request` gets 400: the context is never overrun.
+Streaming uses server-sent events in OpenAI's chunk format ending in [DONE].
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from acespec.shared.config import SamplingParams
 from acespec.shared.served import ServeParams
 
 log = logging.getLogger(__name__)
+FAILED = "failed"  # in place of a finish reason: the generation raised
 
 
 @dataclass
@@ -41,11 +46,16 @@ class EdgeService:
     chat_template: str | None = None
     token: str | None = None
     metrics: object | None = None
+    max_concurrent: int = 8  # generations at once (main sequences 1..N, branches N+1..2N)
+    ctx_per_request: int = 2048  # most prompt + max_tokens tokens of one generation
+    max_queue: int = 64  # generations waiting for a sequence
     free_seqs: asyncio.Queue = field(default_factory=asyncio.Queue)
+    admitted: int = field(default=0, init=False)  # generations of requests in flight
+    waiting: int = field(default=0, init=False)  # of which queued for a sequence
     _channel: object | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
-        for seq in range(1, 33):  # drafter sequences; 0 stays free for tools
+        for seq in range(1, self.max_concurrent + 1):  # drafter sequences; 0 stays for tools
             self.free_seqs.put_nowait(seq)
         self.engine = EdgeEngine(lambda: self.channel, self.codec.vocab_hash, self.drafter,
                                  self.token, owns_channels=False)
@@ -62,6 +72,57 @@ class EdgeService:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+
+    def prompt_tokens(self, req: CompletionRequest) -> list[int]:
+        """The prompt's token ids; ApiError 400 if the request cannot fit one generation's
+        share of the drafter context (it would fail mid-way, or starve the others)."""
+        prompt = self.codec.encode(req.prompt)
+        need = len(prompt) + req.max_tokens
+        if self.drafter is not None and need > self.ctx_per_request:
+            param = ("messages" if req.chat else "prompt") \
+                if len(prompt) >= self.ctx_per_request else "max_tokens"
+            raise ApiError(400, f"this request needs {need} tokens of context ({len(prompt)} "
+                           f"in the prompt + max_tokens {req.max_tokens}); this server allows "
+                           f"{self.ctx_per_request} per request (edge serve "
+                           "--ctx-per-request)", param, code="context_length_exceeded")
+        return prompt
+
+    def admit(self, n: int) -> Callable[[], None]:
+        """Admit a request of n generations, or ApiError 503 when running and queued ones
+        would exceed max_concurrent + max_queue (an idle server takes any request). Returns
+        the release, to call exactly once when the request is over."""
+        if self.admitted and self.admitted + n > self.max_concurrent + self.max_queue:
+            raise ApiError(503, f"the server is busy: {self.admitted - self.waiting} "
+                           f"generations running and {self.waiting} waiting (edge serve "
+                           "--max-concurrent, --max-queue); retry shortly",
+                           kind="server_error", code="server_busy", headers={"Retry-After": "1"})
+        self.admitted += n
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.admitted -= n
+        return release
+
+    async def acquire(self) -> int:
+        """A free drafter sequence, waiting in line for one if need be."""
+        self.waiting += 1
+        try:
+            return await self.free_seqs.get()
+        finally:
+            self.waiting -= 1
+
+    def release(self, seq: int) -> None:
+        if self.drafter is not None and hasattr(self.drafter, "drop"):
+            self.drafter.drop(seq)
+            self.drafter.drop(self.branch_seq(seq))
+        self.free_seqs.put_nowait(seq)
+
+    def branch_seq(self, seq: int) -> int:
+        """Where the generation on `seq` builds its branches: its own, no one else's."""
+        return seq + self.max_concurrent
 
     def render_chat(self, messages: list[dict]) -> str:
         if not self.chat_template:
@@ -111,7 +172,10 @@ class _Choice:
         return out
 
     async def run(self, prompt: list[int], queue: asyncio.Queue | None) -> None:
-        seq = await self.svc.free_seqs.get()
+        """Generate; on a queue, report (index, new text, finish reason) as text arrives,
+        and (index, "", FAILED) instead of a finish reason if the generation fails."""
+        svc, finish = self.svc, FAILED
+        seq = await svc.acquire()
         try:
             def cb(ids, stats):
                 stop = self.on_tokens(ids, stats)
@@ -119,33 +183,37 @@ class _Choice:
                     queue.put_nowait((self.index, self.ready(), None))
                 return stop
 
-            out, self.stats = await self.svc.engine.generate(
-                prompt, self.svc.config(self.req, self.index), cb, seq=seq)
+            out, self.stats = await svc.engine.generate(
+                prompt, svc.config(self.req, self.index), cb, seq=seq,
+                branch_seq=svc.branch_seq(seq))
             if self.finish != "stop":
                 self.text += self.decoder.finish()
                 if len(out) < self.req.max_tokens:
                     self.finish = "stop"  # end of sequence
+            finish = self.finish
         finally:
-            if self.svc.drafter is not None and hasattr(self.svc.drafter, "drop"):
-                self.svc.drafter.drop(seq)
-            self.svc.free_seqs.put_nowait(seq)
+            svc.release(seq)
             if queue is not None:
-                queue.put_nowait((self.index, self.ready(), self.finish))
+                queue.put_nowait((self.index, self.ready() if finish != FAILED else "", finish))
 
 
-async def complete(svc: EdgeService, req: CompletionRequest) -> dict:
-    prompt = svc.codec.encode(req.prompt)
+async def complete(svc: EdgeService, req: CompletionRequest, prompt: list[int]) -> dict:
     choices = [_Choice(svc, req, i) for i in range(req.n)]
-    await asyncio.gather(*(c.run(prompt, None) for c in choices))
+    tasks = [asyncio.create_task(c.run(prompt, None)) for c in choices]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:  # one failed, or the request was cancelled: stop the others too
+            t.cancel()
     u = usage(len(prompt), [c.stats for c in choices])
     _log_usage(svc, req, u)
     return envelope(req, new_id(req.chat), [choice(req, c.index, c.text, c.finish, False)
                                             for c in choices], False, u)
 
 
-async def stream(svc: EdgeService, req: CompletionRequest):
-    """Server-sent events: one chunk per piece of new text, then [DONE]."""
-    prompt = svc.codec.encode(req.prompt)
+async def stream(svc: EdgeService, req: CompletionRequest, prompt: list[int]):
+    """Server-sent events: one chunk per piece of new text, then [DONE]. A generation that
+    fails sends no finish chunk: its error surfaces here (the caller makes it an error event)."""
     rid, queue = new_id(req.chat), asyncio.Queue()
     choices = [_Choice(svc, req, i) for i in range(req.n)]
     tasks = [asyncio.create_task(c.run(prompt, queue)) for c in choices]
@@ -157,11 +225,14 @@ async def stream(svc: EdgeService, req: CompletionRequest):
         done = 0
         while done < req.n:
             index, text, finish = await queue.get()
+            if finish == FAILED:
+                await tasks[index]  # raises the generation's error
+                raise RuntimeError("a generation failed without an error")  # unreachable
             if text or finish:
                 yield _sse(envelope(req, rid, [choice(req, index, text, finish, True)], True))
             done += finish is not None
         for t in tasks:
-            await t  # surfaces an error of a generation
+            await t
         if req.include_usage:
             u = usage(len(prompt), [c.stats for c in choices])
             yield _sse(envelope(req, rid, [], True, u))

@@ -151,10 +151,11 @@ def test_concurrent_requests_equal_sequential(tiny_pair, chat_gguf):
                for t in (0, 0.9) for p in prompts]
         par = await asyncio.gather(*(http.post("/v1/completions", json=req(p, t))
                                      for t in (0, 0.9) for p in prompts))
-        return seq, [r.json()["choices"][0]["text"] for r in par], svc.free_seqs.qsize()
+        return (seq, [r.json()["choices"][0]["text"] for r in par],
+                svc.free_seqs.qsize() == svc.max_concurrent)
 
-    seq, par, free = with_stack(tiny_pair, chat_gguf, body)
-    assert seq == par and free == 32
+    seq, par, all_free = with_stack(tiny_pair, chat_gguf, body)
+    assert seq == par and all_free
 
 
 def test_disconnect_mid_stream_frees_everything(tiny_pair, chat_gguf):
@@ -168,13 +169,14 @@ def test_disconnect_mid_stream_frees_everything(tiny_pair, chat_gguf):
                 if line.startswith("data: "):
                     break  # the client goes away after the first chunk
         for _ in range(200):
-            if not engine.sessions and svc.free_seqs.qsize() == 32:
+            if not engine.sessions and svc.free_seqs.qsize() == svc.max_concurrent:
                 break
             await asyncio.sleep(0.02)
-        return len(engine.sessions), svc.free_seqs.qsize()
+        return len(engine.sessions), svc.free_seqs.qsize() == svc.max_concurrent
 
-    sessions, free = with_stack(tiny_pair, chat_gguf, body, ServerConfig(emulation=StepEmulation(5)))
-    assert sessions == 0 and free == 32
+    sessions, all_free = with_stack(tiny_pair, chat_gguf, body,
+                                    ServerConfig(emulation=StepEmulation(5)))
+    assert sessions == 0 and all_free
 
 
 @pytest.mark.parametrize("payload,status,param", [
