@@ -114,7 +114,8 @@ class EdgeService:
         finally:
             self.waiting -= 1
 
-    def release(self, seq: int) -> None:
+    def free_seq(self, seq: int) -> None:
+        """Give `seq` back (its KV and its branch sequence's freed first)."""
         if self.drafter is not None and hasattr(self.drafter, "drop"):
             self.drafter.drop(seq)
             self.drafter.drop(self.branch_seq(seq))
@@ -192,7 +193,7 @@ class _Choice:
                     self.finish = "stop"  # end of sequence
             finish = self.finish
         finally:
-            svc.release(seq)
+            svc.free_seq(seq)
             if queue is not None:
                 queue.put_nowait((self.index, self.ready() if finish != FAILED else "", finish))
 
