@@ -1,4 +1,4 @@
-"""Discrete-event model of the four modes in virtual time (DESIGN §7-§8).
+"""Discrete-event model of the modes in virtual time (DESIGN §7-§8).
 
 Edge: one worker that drafts (draft_s per token) and applies verdicts. Cloud: one target
 that scores whatever Extends have arrived in one pass, T(n) = base + per_node * n. Link: the
@@ -10,6 +10,12 @@ chunk carries `branch_nodes` more nodes. A hit decides the branch's tokens (its
 then, as AceSpec is implemented today, drafting restarts from there like after a miss.
 With `hit_continues` the model is the ideal state cache whose branches carry whole
 continuations: a hit loses nothing and the pipeline keeps flowing.
+`acespec` with `decided` is the engine of greedy and coupled sessions (DESIGN §3): the
+verifier runs passes back to back and never waits for the link; each feeds the last decided
+token and the live drafts that have arrived, and decides the accepted drafts plus one more
+token (correction, bonus, or continuation with no draft). The edge drafts chunks while its
+chain is shorter than the window and learns each verdict one trip later; drafts that reach
+the verifier for positions it decided meanwhile are compared without a pass.
 Costs come from `acespec bench calibrate` (measured components) or are given directly.
 """
 
@@ -49,6 +55,7 @@ class Scenario:
     branch_nodes: int = 2  # acespec: extra nodes per chunk
     branch_depth: int = 1  # acespec: drafts below a branch's guessed token
     hit_continues: bool = False  # acespec: the ideal cache (a hit costs no restart)
+    decided: bool = False  # acespec: the verifier decides (greedy and coupled sessions)
     seed: int = 0
 
 
@@ -57,7 +64,11 @@ class SimResult:
     seconds: float
     tokens: int
     target_forwards: int
-    rounds: int
+    rounds: int  # verdict rounds; in decided sessions the verifier's passes
+    verifier_busy: float = 0.0  # the verifier's seconds in passes / the session's seconds
+    continuation: int = 0  # decided: tokens decided with no draft at their position
+    reconciled: int = 0  # decided: drafts compared with tokens decided before they arrived
+    dead_skipped: int = 0  # decided: drafts dropped unscored (behind a rejection)
 
     @property
     def tokens_per_s(self) -> float:
@@ -73,6 +84,10 @@ def simulate(sc: Scenario, costs: Costs) -> SimResult:
         return _ar(sc, costs)
     if sc.mode == "sd":
         return _sd(sc, costs)
+    if sc.decided and sc.mode != "acespec":
+        raise ValueError(f"decided is a property of acespec sessions, not {sc.mode!r}")
+    if sc.decided:
+        return _decided(sc, costs)
     if sc.mode in ("pipeline", "acespec"):
         return _pipeline(sc, costs)
     raise ValueError(f"unknown mode {sc.mode!r}")
@@ -85,7 +100,8 @@ def _ar(sc: Scenario, c: Costs) -> SimResult:
     for _ in range(sc.tokens):
         t += c.target_s(1)
         arrival = down(Chunk(int(round(c.ar_down_per_token)), t)).t
-    return SimResult(arrival, sc.tokens, sc.tokens, sc.tokens)
+    busy = sc.tokens * c.target_s(1)
+    return SimResult(arrival, sc.tokens, sc.tokens, sc.tokens, busy / arrival)
 
 
 def _accepted(rng: np.random.Generator, n: int, p: float) -> int:
@@ -99,16 +115,17 @@ def _accepted(rng: np.random.Generator, n: int, p: float) -> int:
 def _sd(sc: Scenario, c: Costs) -> SimResult:
     up, down = sc.link.build(sc.seed)
     rng = np.random.default_rng(sc.seed)
-    t, out, rounds, cloud_free = 0.0, 0, 0, 0.0
+    t, out, rounds, cloud_free, busy = 0.0, 0, 0, 0.0, 0.0
     while out < sc.tokens:
         t += sc.depth * c.draft_s
         nodes = sc.depth + (1 if rounds else 0)  # the head token joins from the 2nd round
         arrive = up(Chunk(int(c.up_base + c.up_per_node * nodes), t)).t
+        busy += c.target_s(nodes)
         cloud_free = max(arrive, cloud_free) + c.target_s(nodes)
         t = down(Chunk(int(c.down_base + c.down_per_node * nodes), cloud_free)).t
         out += _accepted(rng, sc.depth, sc.accept) + 1
         rounds += 1
-    return SimResult(t, sc.tokens, rounds + 1, rounds)
+    return SimResult(t, sc.tokens, rounds + 1, rounds, busy / t)
 
 
 def _pipeline(sc: Scenario, c: Costs) -> SimResult:
@@ -148,21 +165,21 @@ def _pipeline(sc: Scenario, c: Costs) -> SimResult:
             head = 0
         else:
             edge_t = max(edge_t, cloud.deliver_oldest(flight))
-    return SimResult(edge_t, sc.tokens, cloud.passes + 1, max(rounds, 1))
+    return SimResult(edge_t, sc.tokens, cloud.passes + 1, max(rounds, 1), cloud.busy / edge_t)
 
 
 class _Cloud:
     """The target: each pass scores every chunk that has arrived by the pass's start."""
 
     def __init__(self, c: Costs, down):
-        self.c, self.down, self.free, self.passes = c, down, 0.0, 0
+        self.c, self.down, self.free, self.passes, self.busy = c, down, 0.0, 0, 0.0
 
     def _pass(self, flight: list[dict]) -> None:
         pending = [ch for ch in flight if "scored_at" not in ch]
         start = max(self.free, pending[0]["arrive"])
         batch = [ch for ch in pending if ch["arrive"] <= start]
-        self.free = start + self.c.target_s(sum(ch["nodes"] for ch in batch))
-        self.passes += 1
+        seconds = self.c.target_s(sum(ch["nodes"] for ch in batch))
+        self.free, self.busy, self.passes = start + seconds, self.busy + seconds, self.passes + 1
         for ch in batch:
             size = int(self.c.down_base + self.c.down_per_node * ch["nodes"])
             ch["scored_at"] = self.down(Chunk(size, self.free)).t
@@ -180,3 +197,169 @@ class _Cloud:
         while "scored_at" not in flight[0]:
             self._pass(flight)
         return flight[0]["scored_at"]
+
+
+# -- the decided engine (greedy and coupled acespec sessions) ---------------------------------
+
+
+@dataclass(frozen=True)
+class _Drafts:
+    """A Drafts message up: chain `epoch`'s drafts at positions start, start + 1, ...;
+    flags[i] = the draft equals the verifier's token there (given a right context). The
+    edge's text before `base` is decided text it has received (Drafts.position - behind)."""
+
+    arrive: float
+    epoch: int
+    base: int
+    start: int
+    flags: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class _Decided:
+    """A Decided message down: `count` tokens decided from `position` on."""
+
+    arrive: float
+    position: int
+    count: int
+
+
+class _DecidingVerifier:
+    """The target of a decided session (acespec.cloud.decided): passes back to back from
+    `free` on, each fed the last decided token plus the live drafts that have arrived."""
+
+    def __init__(self, sc: Scenario, c: Costs, down, start: float):
+        self.sc, self.c, self.down, self.free = sc, c, down, start
+        self.decided = 0  # D: the next position to decide
+        self.epoch, self.flags, self.dead, self.agree = -1, {}, False, 0  # the edge's chain
+        self.inbox: list[_Drafts] = []  # uplink in send (= arrival) order
+        self.outbox: list[_Decided] = []
+        self.passes, self.busy, self.received, self.scored = 0, 0.0, 0, 0
+        self.continuation = self.reconciled = 0
+
+    @property
+    def next_t(self) -> float:
+        return float("inf") if self.decided >= self.sc.tokens else self.free
+
+    def _receive(self) -> None:
+        """Apply the Drafts that arrived by the pass's start (later ones wait for the next)."""
+        while self.inbox and self.inbox[0].arrive <= self.free:
+            m = self.inbox.pop(0)
+            if m.epoch != self.epoch:  # a restarted chain replaces the dead one
+                self.epoch, self.flags, self.dead = m.epoch, {}, False
+            if not self.dead:  # the edge's text up to base is decided text: it agrees
+                self.agree = max(self.agree, m.base)
+            self.received += len(m.flags)
+            self.flags.update(zip(range(m.start, m.start + len(m.flags)), m.flags))
+            self._reconcile()
+
+    def _reconcile(self) -> None:
+        """Drafts at positions decided before they arrived are compared, not scored; the
+        first mismatch kills the chain from there (every later draft has a wrong context)."""
+        while not self.dead and self.agree < self.decided and self.agree in self.flags:
+            if not self.flags[self.agree]:
+                self.dead = True
+                return
+            self.reconciled += 1
+            self.agree += 1
+
+    def _live(self) -> list[int]:
+        """Positions of the drafts the next pass feeds: contiguous from D on a chain that
+        agrees with every decided token, leaving room for the one more token."""
+        if self.dead or self.agree != self.decided:
+            return []
+        room, out = self.sc.tokens - self.decided - 1, []
+        while len(out) < room and self.decided + len(out) in self.flags:
+            out.append(self.decided + len(out))
+        return out
+
+    def step(self) -> None:
+        """One pass: decide the accepted drafts and one more; send them down at its end."""
+        self._receive()
+        feed = self._live()
+        k = next((i for i, p in enumerate(feed) if not self.flags[p]), len(feed))
+        seconds = self.c.target_s(1 + len(feed))
+        self.free, self.busy, self.passes = self.free + seconds, self.busy + seconds, self.passes + 1
+        start = self.decided
+        self.decided += k + 1
+        self.scored += len(feed)
+        self.continuation += k == len(feed)  # the bonus or plain decoding: no draft there
+        if feed:
+            self.agree, self.dead = start + k, k < len(feed)
+        size = int(self.c.down_base + self.c.down_per_node * (k + 1))
+        self.outbox.append(_Decided(self.down(Chunk(size, self.free)).t, start, k + 1))
+
+
+class _DraftingEdge:
+    """The edge of a decided session (acespec.edge.decided): one worker that applies the
+    Decided messages that have arrived, then drafts a chunk while its chain (drafts beyond
+    what it knows is decided) leaves room in the window, else waits for the next message."""
+
+    def __init__(self, sc: Scenario, c: Costs, up, rng: np.random.Generator, start: float):
+        self.sc, self.c, self.up, self.rng, self.t = sc, c, up, rng, start
+        self.committed, self.chain, self.epoch = 0, 0, 0  # chain: drafts after `committed`
+        self.flags: dict[int, bool] = {}  # the current chain's drafts, by position
+        self.read, self.done_at = 0, None  # Decided messages applied; when the last arrived
+
+    def _may_draft(self) -> bool:
+        left = self.sc.tokens - self.committed - self.chain
+        return left > 0 and self.chain + self.sc.depth <= self.sc.window
+
+    def next_t(self, outbox: list[_Decided]) -> float:
+        if self.done_at is not None:
+            return float("inf")
+        if self._may_draft():
+            return self.t
+        # Waiting: the next verdict, or (none sent yet) whenever the verifier sends one.
+        return max(self.t, outbox[self.read].arrive) if self.read < len(outbox) else float("inf")
+
+    def _apply(self, outbox: list[_Decided]) -> None:
+        """Compare each decided token with the chain: a match is an accepted draft; a
+        mismatch kills the chain, so drafting restarts from the decided text."""
+        while self.read < len(outbox) and outbox[self.read].arrive <= self.t:
+            m = outbox[self.read]
+            self.read += 1
+            for p in range(m.position, m.position + m.count):
+                if self.chain and self.flags[p]:
+                    self.chain -= 1
+                elif self.chain:
+                    self.chain, self.epoch, self.flags = 0, self.epoch + 1, {}
+                self.committed += 1  # no draft there: a continuation token
+            if self.committed >= self.sc.tokens:
+                self.done_at = m.arrive
+                return
+
+    def step(self, outbox: list[_Decided], inbox: list[_Drafts]) -> None:
+        self.t = self.next_t(outbox)  # now, or (waiting) the next message's arrival
+        self._apply(outbox)
+        if self.done_at is not None or not self._may_draft():
+            return
+        n = min(self.sc.depth, self.sc.tokens - self.committed - self.chain)
+        start = self.committed + self.chain
+        flags = tuple(bool(self.rng.random() < self.sc.accept) for _ in range(n))
+        self.flags.update(zip(range(start, start + n), flags))
+        self.chain += n
+        self.t += n * self.c.draft_s
+        arrive = self.up(Chunk(int(self.c.up_base + self.c.up_per_node * n), self.t)).t
+        inbox.append(_Drafts(arrive, self.epoch, self.committed, start, flags))
+
+
+def _decided(sc: Scenario, c: Costs) -> SimResult:
+    """The two actors on one virtual clock: whichever acts first goes next (a verifier pass
+    sees the Drafts that arrived by its start; the edge, the Decided that arrived by now)."""
+    up, down = sc.link.build(sc.seed)
+    rng = np.random.default_rng(sc.seed)
+    opened = up(Chunk(int(c.up_base), 0.0)).t + c.target_s(1)  # Open; the prompt's prefill
+    # The edge drafts once Opened says the verifier decides (an old verifier would not).
+    edge_start = down(Chunk(int(c.down_base), opened)).t
+    v = _DecidingVerifier(sc, c, down, opened)
+    e = _DraftingEdge(sc, c, up, rng, edge_start)
+    while e.done_at is None:
+        if v.next_t <= e.next_t(v.outbox):
+            v.step()
+        else:
+            e.step(v.outbox, v.inbox)
+    busy = v.busy + c.target_s(1)
+    return SimResult(e.done_at, sc.tokens, v.passes + 1, v.passes, busy / e.done_at,
+                     continuation=v.continuation, reconciled=v.reconciled,
+                     dead_skipped=v.received - v.scored - v.reconciled - len(v._live()))

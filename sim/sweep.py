@@ -8,36 +8,47 @@ from dataclasses import replace
 from acespec.sim.des import Costs, Scenario, simulate
 from acespec.sim.stages import LinkSpec
 
-MODES = ("ar", "sd", "pipeline", "acespec", "acespec-ideal")
+# acespec-ideal is the state cache whose hits keep the pipeline flowing; acespec-decided is
+# what greedy and coupled acespec sessions run (the verifier decides and never waits).
+MODES = ("ar", "sd", "pipeline", "acespec", "acespec-ideal", "acespec-decided")
+
+
+def _scenario(base: Scenario, mode: str) -> Scenario:
+    if mode == "acespec-ideal":
+        return replace(base, mode="acespec", hit_continues=True)
+    if mode == "acespec-decided":
+        return replace(base, mode="acespec", decided=True)
+    return replace(base, mode=mode)
 
 
 def sweep(costs: Costs, accept: float, hit_rate: float, rates_bps, rtts_s, depths,
           tokens: int = 400, branch_nodes: int = 4, seed: int = 0) -> list[dict]:
     # One seed of 400 tokens per point: the sweep is for shapes of curves, not decimals.
-    """One row per (rate, rtt, depth, window in {depth, 2 x depth}): tokens/s per mode
-    (acespec-ideal is the state cache whose hits keep the pipeline flowing) and speedups
-    over ar. sd ignores the window."""
+    """One row per (rate, rtt, depth, window in {depth, 2 x depth}): tokens/s per mode,
+    speedups over ar, and each mode's verifier_busy (fraction of the session's time the
+    verifier spent in passes). sd ignores the window."""
     rows = []
     for bps in rates_bps:
         for rtt in rtts_s:
             link = LinkSpec(bps, bps, rtt)
-            ar = simulate(Scenario("ar", link, tokens=tokens, seed=seed), costs).tokens_per_s
+            ar = simulate(Scenario("ar", link, tokens=tokens, seed=seed), costs)
             for d, w in ((k, w) for k in depths for w in (k, 2 * k)):
                 base = Scenario("sd", link, accept=accept, depth=d, window=w, tokens=tokens,
                                 hit_rate=hit_rate, branch_nodes=branch_nodes, seed=seed)
                 row = {"rate_kbps": bps / 1000, "rtt_ms": rtt * 1000, "depth": d, "window": w,
-                       "ar": round(ar, 1)}
+                       "ar": round(ar.tokens_per_s, 1), "ar_busy": round(ar.verifier_busy, 2)}
                 for mode in MODES[1:]:
-                    sc = replace(base, mode="acespec", hit_continues=True) \
-                        if mode == "acespec-ideal" else replace(base, mode=mode)
-                    row[mode] = round(simulate(sc, costs).tokens_per_s, 1)
-                row.update({f"{m}_x_ar": round(row[m] / ar, 2) for m in MODES[1:]})
+                    res = simulate(_scenario(base, mode), costs)
+                    row[mode] = round(res.tokens_per_s, 1)
+                    row[f"{mode}_busy"] = round(res.verifier_busy, 2)
+                row.update({f"{m}_x_ar": round(row[m] / row["ar"], 2) for m in MODES[1:]})
                 rows.append(row)
     return rows
 
 
 def best_per_link(rows: list[dict]) -> list[dict]:
-    """For each (rate, rtt): every mode at its best (depth, window)."""
+    """For each (rate, rtt): every mode at its best (depth, window), and the decided
+    engine's verifier_busy there."""
     out: dict[tuple, dict] = {}
     for r in rows:
         key = (r["rate_kbps"], r["rtt_ms"])
@@ -45,6 +56,8 @@ def best_per_link(rows: list[dict]) -> list[dict]:
         for m in MODES[1:]:
             if r[m] > cur.get(m, 0):
                 cur[m], cur[f"{m}_shape"] = r[m], f"{r['depth']}/{r['window']}"
+                if m == "acespec-decided":
+                    cur["acespec-decided_busy"] = r["acespec-decided_busy"]
     for cur in out.values():
         cur.update({f"{m}_x_ar": round(cur[m] / cur["ar"], 2) for m in MODES[1:]})
     return list(out.values())

@@ -39,3 +39,101 @@ def test_deterministic_per_seed_and_sensitive_to_acceptance():
     assert a == simulate(Scenario("pipeline", WAN, accept=0.6, seed=3), COSTS)
     better = simulate(Scenario("pipeline", WAN, accept=0.9, seed=3), COSTS)
     assert better.tokens_per_s > a.tokens_per_s
+
+
+# -- the decided engine (greedy and coupled acespec sessions) ---------------------------------
+
+SLOW = LinkSpec(20e3, 20e3, 0.2)
+
+
+def decided(link, **kw) -> Scenario:
+    return Scenario("acespec", link, decided=True, **kw)
+
+
+def test_decided_without_drafts_is_plain_decoding_exact():
+    # window < depth: the edge never drafts, so every pass decides one continuation token
+    c = Costs(target_base_s=0.01, target_per_node_s=0.0)
+    r = simulate(decided(FAST, depth=4, window=2, tokens=10), c)
+    # Open up (20 B), the prompt's prefill, ten passes, the last Decided (21 B) down
+    assert r.seconds == pytest.approx(20 * 8 / 1e9 + 11 * 0.01 + 21 * 8 / 1e9, rel=1e-9)
+    assert (r.rounds, r.target_forwards, r.continuation) == (10, 11, 10)
+    assert r.verifier_busy == pytest.approx(1.0, rel=1e-5)  # the link's ends: ns
+
+
+def test_decided_is_deterministic_per_seed():
+    a = simulate(decided(WAN, accept=0.7, seed=5), COSTS)
+    assert a == simulate(decided(WAN, accept=0.7, seed=5), COSTS)
+    assert a != simulate(decided(WAN, accept=0.7, seed=6), COSTS)
+
+
+@pytest.mark.parametrize("depth,window", [(4, 8), (4, 16), (8, 16)])
+def test_decided_perfect_drafts_on_a_fast_link(depth, window):
+    c = Costs(draft_s=0.0, target_base_s=0.040, target_per_node_s=0.0005)
+    r = simulate(decided(FAST, accept=1.0, depth=depth, window=window, tokens=400), c)
+    # Passes run back to back, so each starts before the edge hears of the one before: the
+    # drafts it finds are what is left of the window, and every other pass is a bonus-only
+    # one. Two passes decide window + 1 tokens; that pair is the engine's ideal.
+    assert r.mean_acceptance_length <= window + 1
+    assert r.mean_acceptance_length == pytest.approx((window + 1) / 2, rel=0.1)
+    ideal = (window + 1) / (c.target_s(window) + c.target_s(1))
+    assert ideal >= r.tokens_per_s >= 0.9 * ideal
+    assert r.verifier_busy > 0.99
+
+
+@pytest.mark.parametrize("link", [FAST, WAN, SLOW])
+def test_decided_with_useless_drafts_is_ar_speed(link):
+    ar = simulate(Scenario("ar", link, tokens=400), COSTS)
+    r = simulate(decided(link, accept=0.0, tokens=400, seed=2), COSTS)
+    assert r.mean_acceptance_length == 1.0
+    assert r.verifier_busy > 0.97
+    assert r.tokens_per_s >= 0.98 * ar.tokens_per_s  # a dead draft costs at most its node
+
+
+@pytest.mark.parametrize("accept", [0.3, 0.5, 0.7, 0.9])
+@pytest.mark.parametrize("depth,window", [(2, 2), (4, 8), (8, 16)])
+def test_decided_never_slower_than_ar_at_20kbit_200ms(accept, depth, window):
+    ar = simulate(Scenario("ar", SLOW, tokens=400), COSTS)
+    r = simulate(decided(SLOW, accept=accept, depth=depth, window=window, tokens=400), COSTS)
+    # The verifier decodes through every round trip; its extras are the prompt's prefill
+    # pass (Generate's prefill yields the first token, Open's does not) and the per-node
+    # cost of drafts that are fed to a pass and rejected there (under 0.5 %).
+    assert r.seconds <= 1.005 * ar.seconds + COSTS.target_s(1)
+
+
+def test_decided_gains_where_the_window_outruns_the_round_trip():
+    ar = simulate(Scenario("ar", SLOW, tokens=400), COSTS).tokens_per_s
+    r = simulate(decided(SLOW, accept=0.8, depth=8, window=16, tokens=400), COSTS)
+    assert r.tokens_per_s >= 1.15 * ar
+    assert r.reconciled > 0 and r.dead_skipped > 0  # late drafts were compared or dropped
+
+
+@pytest.mark.parametrize("link", [FAST, WAN, SLOW])
+@pytest.mark.parametrize("accept", [0.5, 0.8])
+def test_decided_keeps_the_verifier_busier_than_pipeline(link, accept):
+    sc = Scenario("pipeline", link, accept=accept, depth=4, window=16, tokens=300, seed=1)
+    pipe = simulate(sc, COSTS)
+    r = simulate(decided(link, accept=accept, depth=4, window=16, tokens=300, seed=1), COSTS)
+    assert r.verifier_busy >= pipe.verifier_busy
+    assert r.verifier_busy > 0.95
+
+
+def test_verifier_busy_is_a_fraction_in_every_mode():
+    for sc in (Scenario("ar", WAN), Scenario("sd", WAN), Scenario("pipeline", WAN),
+               Scenario("acespec", WAN), decided(WAN)):
+        assert 0 < simulate(sc, COSTS).verifier_busy <= 1
+    assert simulate(Scenario("ar", WAN), COSTS).verifier_busy > 0.98  # only the link's ends
+
+
+def test_decided_is_an_acespec_engine_only():
+    with pytest.raises(ValueError, match="decided"):
+        simulate(Scenario("pipeline", WAN, decided=True), COSTS)
+
+
+def test_sweep_shows_the_decided_engine():
+    from acespec.sim.sweep import best_per_link, sweep
+
+    rows = sweep(COSTS, 0.8, 0.5, [50e3], [0.05], [4], tokens=100)
+    assert len(rows) == 2 and all("acespec-decided" in r and "pipeline_busy" in r
+                                  for r in rows)
+    (best,) = best_per_link(rows)
+    assert best["acespec-decided_x_ar"] > 1 and 0.9 < best["acespec-decided_busy"] <= 1
