@@ -46,6 +46,7 @@ class DecideLimits:
     stop: frozenset[int] = frozenset()  # a decided stop token ends the session (it is sent)
     context: int = 4096  # positions the model has (max_position_embeddings)
     pass_nodes: int = 64  # most drafts scored in one pass
+    vocab: int = 1 << 32  # token ids must be below this
 
 
 @dataclass
@@ -98,9 +99,13 @@ class DecidedSession:
             raise InvalidArgument(f"Drafts builds on {base} decided positions; the session has "
                                   f"{self.prompt_len} prompt + {self.end - self.prompt_len} "
                                   "decided")
-        if position > len(self.edge):
+        if behind and position > len(self.edge):
             raise InvalidArgument(f"Drafts at position {position} leaves a gap: the edge's "
                                   f"drafts so far end at {len(self.edge)}")
+        bad = [t for t in tokens if not 0 <= t < self.limits.vocab]
+        if bad:
+            raise InvalidArgument(f"Drafts.tokens: token id {bad[0]} is outside the vocabulary "
+                                  f"[0, {self.limits.vocab})")
         self.edge = self.tokens[:base] + self.edge[base:position] + list(map(int, tokens))
         self.agree = max(base, min(self.agree, position))  # edge[:base] is decided text now
         self.counts.drafts_received += len(tokens)
@@ -125,6 +130,12 @@ class DecidedSession:
                    self.limits.max_tokens - (self.end - self.prompt_len) - 1)
         self._in_pass = self.pending()[:max(0, room)]
         return [self.tokens[-1]] + self._in_pass
+
+    def finish_prefill(self, row: np.ndarray, seconds: float) -> tuple[int, list[int]]:
+        """Decide the first token from the prompt's last logits row [V] (the prefill pass):
+        the KV then holds the whole prompt, all but the last decided token."""
+        self._in_pass = []
+        return self.finish_pass(row[None, :], seconds)
 
     def finish_pass(self, rows: np.ndarray, seconds: float) -> tuple[int, list[int]]:
         """Decide from the pass's logits rows [1 + n, V]: returns (position of the first

@@ -110,9 +110,10 @@ class Engine:
         return OpenResult(session_id, session, root, live)
 
     async def open_decided(self, prompt: Sequence[int], params: ServeParams, seed: int,
-                           max_tokens: int, stop: Sequence[int]) -> tuple[str, DecidedSession]:
-        """A session the verifier decides (greedy or coupled): the prompt but its last token
-        goes into the KV now; every later pass feeds the last decided token first."""
+                           max_tokens: int, stop: Sequence[int]
+                           ) -> tuple[str, DecidedSession, list[int]]:
+        """A session the verifier decides (greedy or coupled): the prefill pass decides the
+        first token (returned); every later pass feeds the last decided token first."""
         if not params.sampling.decided:
             raise FailedPrecondition("Open.decide needs a greedy (temperature 0) or coupled "
                                      "session: exact sampled sessions are decided by the edge")
@@ -123,19 +124,21 @@ class Engine:
             raise InvalidArgument(f"prompt_tokens must be non-empty ids in [0, {vocab})")
         context = self.model.args.max_position_embeddings
         limits = DecideLimits(max_tokens=max_tokens or context, stop=frozenset(stop),
-                              context=context, pass_nodes=self.limits.max_live_nodes)
+                              context=context, pass_nodes=self.limits.max_live_nodes,
+                              vocab=vocab)
         session = DecidedSession(prompt, params, seed, limits)
         session.cache = self.model.new_cache(len(prompt) + 64)
         session_id = uuid.uuid4().hex
         self.sessions[session_id] = session
         try:
-            if len(prompt) > 1:
-                await self.batcher.score(Request(list(prompt[:-1]), session.cache, None,
-                                                 last_only=True))
+            t0 = time.perf_counter()
+            logits = await self.batcher.score(Request(list(prompt), session.cache, None,
+                                                      last_only=True))
         except BaseException:
             self.sessions.pop(session_id, None)
             raise
-        return session_id, session
+        _, first = session.finish_prefill(logits[-1].cpu().numpy(), time.perf_counter() - t0)
+        return session_id, session, first
 
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
         """One forward pass of a decided session: (first position, decided tokens)."""

@@ -178,7 +178,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         if not msg.vocab_hash:
             raise FailedPrecondition("Open.vocab_hash is required")
         params = decode_serve_params(msg.sampling, self.default_params)
-        session_id, session = await self.engine.open_decided(
+        session_id, session, first = await self.engine.open_decided(
             list(msg.prompt_tokens), params, msg.seed, msg.decide.max_tokens,
             list(msg.decide.stop_tokens))
         opened.append(session_id)
@@ -188,6 +188,10 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             session_id=session_id, model_id=self.engine.model_id,
             vocab_hash=self.engine.vocab_hash, k_max=params.k_max,
             coupled=params.sampling.coupled, decides=True)))
+        start = session.prompt_len
+        await self._write(context, pb.Downlink(decided=self._last_decided(session, start, first)
+                                               if session.done else pb.Decided(
+            position=start, tokens=first, passes=session.counts.passes)))
         return session
 
     async def _decided_loop(self, session, context) -> None:
@@ -198,17 +202,24 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         reader = asyncio.create_task(self._read_ahead(context, inbox))
         try:
             while not session.done:
-                if self._apply_uplink(session, inbox):
+                if self._apply_uplink(session, inbox):  # the edge has what it needs
+                    await self._write(context, pb.Downlink(decided=self._last_decided(
+                        session, session.end, [])))
                     return
                 start, new = await self.engine.decided_pass(session)
-                msg = pb.Decided(position=start, tokens=new, passes=session.counts.passes,
-                                 done=session.done)
-                if session.done:
-                    msg.counts.CopyFrom(encode_counts(session.counts, len(session.pending()),
-                                                      time.perf_counter()))
+                msg = (self._last_decided(session, start, new) if session.done else
+                       pb.Decided(position=start, tokens=new, passes=session.counts.passes))
                 await self._write(context, pb.Downlink(decided=msg))
         finally:
             reader.cancel()
+
+    @staticmethod
+    def _last_decided(session, start: int, tokens: list[int]) -> pb.Decided:
+        """The session's last message: done, with the verifier's account of it."""
+        return pb.Decided(position=start, tokens=tokens, passes=session.counts.passes,
+                          done=True, counts=encode_counts(session.counts,
+                                                          len(session.pending()),
+                                                          time.perf_counter()))
 
     def _apply_uplink(self, session, inbox: asyncio.Queue) -> bool:
         """Apply every queued uplink message of a decided session; True at the edge's EOF."""
@@ -261,6 +272,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                         node_id=node_id, tail_token=ids.tolist(), tail_token_p=units.tolist())))
                 elif kind == "open":
                     raise FailedPrecondition("second Open on one stream; open a new stream")
+                elif kind == "drafts":
+                    raise FailedPrecondition("Drafts in a tree session: Drafts needs a session "
+                                             "opened with Open.decide; send Extend")
                 else:
                     raise InvalidArgument("empty Uplink message (no field of the oneof is set)")
         finally:

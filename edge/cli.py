@@ -107,7 +107,14 @@ def _add_engine_args(p, mode: str) -> None:
     """Mode, shape and state-cache flags shared by `generate` and `serve`."""
     p.add_argument("--mode", default=mode, choices=["ar", "sd", "pipeline", "acespec"],
                    help="ar: cloud only; sd: draft-send-wait; pipeline: streamed drafts; "
-                   "acespec: pipeline + pre-scored recovery branches (default: %(default)s)")
+                   "acespec: greedy and coupled sessions are decided by the verifier, which "
+                   "keeps decoding through every round trip; exact sampled sessions add "
+                   "pre-scored recovery branches to pipeline (default: %(default)s)")
+    p.add_argument("--sampling", default="coupled", choices=["coupled", "exact"],
+                   help="with --temperature > 0: 'coupled' (Gumbel-max with noise shared by "
+                   "edge and cloud: the text for a seed equals cloud-only decoding's, and the "
+                   "verifier decides) or 'exact' (rejection sampling at the edge). Both "
+                   "sample the served distribution exactly (default: %(default)s)")
     p.add_argument("--depth", type=_number(int, 1, MAX_DEPTH), default=None,
                    help="drafts per Extend; unset: adaptive (starts at 4, follows the link)")
     p.add_argument("--window", type=_number(int, 1, MAX_WINDOW), default=None,
@@ -192,7 +199,7 @@ def run_generate(args) -> int:
 
     from acespec.edge.client import channel, read_token_file
     from acespec.edge.engine import EdgeEngine, EngineConfig
-    from acespec.edge.live_nodes import GrantTooSmall
+    from acespec.edge.live_nodes import VerifierUnfit
     from acespec.edge.llama_drafter import DrafterError
     from acespec.edge.text import StreamDecoder
     from acespec.shared.config import ConfigError, SamplingParams
@@ -203,7 +210,8 @@ def run_generate(args) -> int:
         return code
 
     try:
-        serve = ServeParams(SamplingParams(args.temperature, args.top_k, args.top_p),
+        serve = ServeParams(SamplingParams(args.temperature, args.top_k, args.top_p,
+                                           coupled=args.sampling == "coupled"),
                             send_mass=args.send_mass)
         cfg = engine_config(args, serve=serve, seed=args.seed, max_tokens=args.max_tokens)
         token = read_token_file(args.auth_token_file) if args.auth_token_file else None
@@ -232,7 +240,7 @@ def run_generate(args) -> int:
         return fail(EXIT_UNREACHABLE, f"cannot reach the verifier at {args.cloud}: {e}")
     except grpc.aio.AioRpcError as e:
         return fail(EXIT_REFUSED, f"verifier refused the request ({e.code().name}): {e.details()}")
-    except GrantTooSmall as e:
+    except VerifierUnfit as e:
         return fail(EXIT_REFUSED, str(e))
     except DrafterError as e:
         return fail(1, f"the drafter failed: {e}")
@@ -293,9 +301,11 @@ def build_service(args):
     from acespec.edge.client import channel, read_token_file
     from acespec.edge.http_app import EdgeMetrics
     from acespec.edge.server import EdgeService
+    from acespec.shared.config import SamplingParams
     from acespec.shared.served import ServeParams
 
-    base = engine_config(args, serve=ServeParams(send_mass=args.send_mass))
+    base = engine_config(args, serve=ServeParams(
+        SamplingParams(coupled=args.sampling == "coupled"), send_mass=args.send_mass))
     token = read_token_file(args.auth_token_file) if args.auth_token_file else None
     root_cert = _read_file("--tls-ca", args.tls_ca) if args.tls_ca else None
     n = args.max_concurrent

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import grpc
 
+from acespec.edge.live_nodes import VerifierUnfit
 from acespec.proto import PROTOCOL_VERSION, SESSION_KEY
 from acespec.proto import acespec_pb2 as pb
 from acespec.proto import acespec_pb2_grpc as pb_grpc
-from acespec.proto.codec import decode_scores, encode_extend, encode_serve_params
+from acespec.proto.codec import decode_counts, decode_scores, encode_extend, encode_serve_params
 from acespec.shared.served import NodeScore, ServeParams
 
 
@@ -75,6 +76,21 @@ def metadata(token: str | None, session_key: str | None = None) -> tuple:
 FRAMING = 14  # per message: 5 B gRPC length prefix + 9 B HTTP/2 DATA frame header
 
 
+@dataclass(frozen=True)
+class Decided:
+    """Tokens the verifier decided at position, position+1, ... (decided sessions)."""
+
+    position: int
+    tokens: list[int]
+    passes: int  # the session's forward passes so far
+    done: bool  # the verifier stopped deciding (max_tokens, a stop token, the context)
+    counts: dict | None  # with done: the verifier's account (acespec.proto.codec.decode_counts)
+
+
+class VerifierTooOld(VerifierUnfit):
+    """The verifier does not serve what the edge asked for (e.g. coupled sampling)."""
+
+
 class CloudSession:
     """One Session stream. Call `open`, then `extend`/`commit`/`more_tail` and `recv`."""
 
@@ -87,6 +103,7 @@ class CloudSession:
         self.max_live_nodes = 0
         self.bytes_up = self.bytes_down = 0  # message bytes + 14 B framing each (estimate)
         self.server_s = 0.0  # the last Scores' time at the verifier (queue + pass), seconds
+        self._half_closed = False
 
     async def _write(self, msg: pb.Uplink) -> None:
         self.bytes_up += msg.ByteSize() + FRAMING
@@ -117,7 +134,36 @@ class CloudSession:
         self.session_id, self.model_id = opened.session_id, opened.model_id
         self.max_live_nodes = opened.max_live_nodes
         self.next_id = 1
+        self._check_coupled(params, opened)
         return decode_scores(opened.root)[0]
+
+    async def open_decided(self, prompt: Sequence[int], params: ServeParams, seed: int,
+                           vocab_hash: str, max_tokens: int, stop: Sequence[int]
+                           ) -> NodeScore | None:
+        """Open a session the verifier decides (greedy or coupled). Returns None when it
+        does; an older verifier answers as for a tree session: its root's score (the
+        caller then runs the tree protocol on this stream)."""
+        await self._write(pb.Uplink(open=pb.Open(
+            protocol_version=PROTOCOL_VERSION, vocab_hash=vocab_hash,
+            prompt_tokens=list(map(int, prompt)), sampling=encode_serve_params(params),
+            seed=seed, decide=pb.Decide(max_tokens=max_tokens, stop_tokens=list(stop)))))
+        opened = (await self._read()).opened
+        self.session_id, self.model_id = opened.session_id, opened.model_id
+        self.max_live_nodes, self.next_id = opened.max_live_nodes, 1
+        self._check_coupled(params, opened)
+        return None if opened.decides else decode_scores(opened.root)[0]
+
+    @staticmethod
+    def _check_coupled(params: ServeParams, opened: pb.Opened) -> None:
+        if params.sampling.coupled and not params.sampling.greedy and not opened.coupled:
+            raise VerifierTooOld("the verifier does not serve coupled sampling (it is older "
+                                 "than this edge): upgrade it, or use --sampling exact")
+
+    async def drafts(self, position: int, behind: int, tokens: Sequence[int]) -> None:
+        """Decided sessions: the edge's drafts at `position`.. on top of its `behind`
+        earlier drafts (see proto Drafts)."""
+        await self._write(pb.Uplink(drafts=pb.Drafts(position=position, behind=behind,
+                                                     tokens=list(map(int, tokens)))))
 
     async def extend(self, tokens: Sequence[int], parents: Sequence[int] | None = None,
                      commit: int | None = None) -> int:
@@ -136,10 +182,15 @@ class CloudSession:
     async def more_tail(self, node_id: int, n: int) -> None:
         await self._write(pb.Uplink(more_tail=pb.MoreTail(node_id=node_id, n=n)))
 
-    async def recv(self) -> list[NodeScore] | Tail:
-        """The next downlink message: node scores, or tail samples."""
+    async def recv(self) -> list[NodeScore] | Tail | Decided:
+        """The next downlink message: node scores, tail samples, or decided tokens."""
         msg = await self._read()
-        if msg.WhichOneof("msg") == "tail":
+        kind = msg.WhichOneof("msg")
+        if kind == "decided":
+            d = msg.decided
+            return Decided(d.position, list(d.tokens), d.passes, d.done,
+                           decode_counts(d.counts) if d.HasField("counts") else None)
+        if kind == "tail":
             return Tail(msg.tail.node_id, list(msg.tail.tail_token), list(msg.tail.tail_token_p))
         self.server_s = msg.scores.server_time * 1e-4
         return decode_scores(msg.scores)
@@ -151,9 +202,15 @@ class CloudSession:
         self.bytes_down += msg.ByteSize() + FRAMING
         return msg
 
+    async def done_writing(self) -> None:
+        """Half-close: the verifier sees the end of the uplink."""
+        if not self._half_closed:
+            self._half_closed = True
+            await self._call.done_writing()
+
     async def close(self) -> None:
         """Half-close and wait for the verifier to end the stream (frees its KV)."""
-        await self._call.done_writing()
+        await self.done_writing()
         await self._call.code()
 
     def cancel(self) -> None:

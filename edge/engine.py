@@ -25,6 +25,7 @@ import numpy as np
 
 from acespec.edge.adaptive import LinkBudgets, LinkEstimate, Shape, choose_shape
 from acespec.edge.client import FRAMING, CloudSession, Tail, generate
+from acespec.edge.decided import DecidedDriver
 from acespec.edge.engine_types import EngineConfig, Stats
 from acespec.edge.live_nodes import RESERVE, VerifierLive, fit_to_grant
 from acespec.edge.spec_tree import SpecTree
@@ -220,11 +221,14 @@ class _Run:
         reader = None
         try:
             context = self.prompt + self.out
-            # Commits ride on the next Extend, so the verifier frees dead and committed
-            # nodes one Extend later than the edge does: it may hold up to twice the window.
-            root = await sess.open(context, self.cfg.serve, self.cfg.seed, self.e.vocab_hash,
-                                   max_live_nodes=self._live_limit())
+            root = await self._open(sess, context)
             self.connected = True
+            if root is None:  # the verifier decides this session (greedy/coupled acespec)
+                self.passes_before = self.stats.target_forwards
+                reader = asyncio.create_task(self._read(sess, inbox))
+                await DecidedDriver(self, sess).drive(inbox)
+                await sess.close()
+                return
             self._fit(sess.max_live_nodes or self._live_limit())
             self.pending_commit = None  # node id to commit with the next Extend
             self.stats.target_forwards += 1
@@ -242,6 +246,18 @@ class _Run:
             self._sess = None
             if self.e.owns_channels:
                 await ch.close()
+
+    async def _open(self, sess: CloudSession, context: list[int]):
+        """Open the session: the root's score, or None when the verifier decides it (acespec
+        mode, greedy or coupled; an older verifier answers with a root score instead)."""
+        cfg = self.cfg
+        if cfg.mode == "acespec" and cfg.serve.sampling.decided:
+            return await sess.open_decided(context, cfg.serve, cfg.seed, self.e.vocab_hash,
+                                           cfg.max_tokens - len(self.out), sorted(cfg.stop_ids))
+        # Commits ride on the next Extend, so the verifier frees dead and committed
+        # nodes one Extend later than the edge does: it may hold up to twice the window.
+        return await sess.open(context, cfg.serve, cfg.seed, self.e.vocab_hash,
+                               max_live_nodes=self._live_limit())
 
     @staticmethod
     async def _read(sess: CloudSession, inbox: asyncio.Queue) -> None:
@@ -322,6 +338,7 @@ class _Run:
             rtt = time.perf_counter() - sent_at
             self.stats.round_trips.append(rtt)
             self.stats.target_forwards += 1
+            self.stats.server_s += server_s
             tree.apply_scores(msg)
             self.link.observe(up, size, rtt, server_s, sent_at + rtt)
             self._adapt()

@@ -69,6 +69,29 @@ class Stats:
     window: int | None = None
     shape_changes: int = 0
     link: dict | None = None  # the link as the adaptive shape sees it
+    verifier: dict | None = None  # decided sessions: the verifier's account (summed)
+    server_s: float = 0.0  # tree sessions: sum of Scores.server_time (queue + pass), s
+
+    def add_verifier(self, counts: dict) -> None:
+        """Sum the account of one decided session (one per connection attempt)."""
+        if self.verifier is None:
+            self.verifier = dict.fromkeys(counts, 0)
+        for k, v in counts.items():
+            self.verifier[k] += v
+
+    def idle_figures(self) -> dict:
+        """verifier_busy (fraction of the verifier's session time spent in passes for it),
+        dead drafts it never scored, tokens it decided with no draft. Decided sessions
+        report them exactly; tree sessions estimate busy from the Scores' server times."""
+        v = self.verifier
+        if v is not None:
+            return {"verifier_busy": round(v["busy_s"] / v["wall_s"], 3) if v["wall_s"] else None,
+                    "dead_nodes_skipped": v["dead_skipped"],
+                    "continuation_tokens": v["continuation"],
+                    "reconciled_drafts": v["drafts_reconciled"]}
+        busy = min(1.0, self.server_s / self.seconds) if self.seconds and self.server_s else None
+        return {"verifier_busy": round(busy, 3) if busy is not None else None,
+                "dead_nodes_skipped": 0, "continuation_tokens": 0, "reconciled_drafts": 0}
 
     def as_dict(self) -> dict:
         t = max(self.tokens, 1)
@@ -90,5 +113,6 @@ class Stats:
                 "branch_nodes_scored": self.cache.branch_nodes, "budgets": self.budgets,
                 "adaptive_depth": self.depth, "adaptive_window": self.window,
                 "shape_changes": self.shape_changes, "link_estimate": self.link,
+                **self.idle_figures(),
                 "ttft_s": round(self.first_token_s, 4) if self.first_token_s is not None else None,
                 "seconds": round(self.seconds, 3)}

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
-from acespec.edge.live_nodes import GrantTooSmall
+from acespec.edge.live_nodes import VerifierUnfit
 from acespec.edge.openai_types import ApiError, parse_request
 from acespec.edge.server import EdgeService, complete, stream
 
@@ -130,7 +130,7 @@ def create_app(svc: EdgeService) -> Starlette:
             resp = _error(e)
         except _ClientGone:
             resp = PlainTextResponse("client closed the request", status_code=499)
-        except (ConnectionError, grpc.aio.AioRpcError, GrantTooSmall) as e:
+        except (ConnectionError, grpc.aio.AioRpcError, VerifierUnfit) as e:
             resp = _error(_cloud_error(e))
         except Exception:  # noqa: BLE001 - never a traceback in a response
             log.exception("request failed")
@@ -174,7 +174,7 @@ _CLIENT_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
 def _cloud_error(e: Exception) -> ApiError:
     """What a verifier failure means to the HTTP client: its own request was too big (400),
     the verifier is busy or unreachable (503, retry), or the deployment is broken (502)."""
-    if isinstance(e, GrantTooSmall):
+    if isinstance(e, VerifierUnfit):
         return ApiError(502, str(e), kind="upstream_error")
     if not isinstance(e, grpc.aio.AioRpcError) or e.code() == grpc.StatusCode.UNAVAILABLE:
         return ApiError(503, "the cloud verifier is unreachable; retry shortly",
@@ -196,7 +196,7 @@ async def _guarded(events):
     try:
         async for e in events:
             yield e
-    except (ConnectionError, grpc.aio.AioRpcError, GrantTooSmall) as e:
+    except (ConnectionError, grpc.aio.AioRpcError, VerifierUnfit) as e:
         yield _sse_error(_cloud_error(e))
     except Exception:  # noqa: BLE001 - never a traceback in a stream
         log.exception("stream failed")

@@ -22,7 +22,12 @@ RESERVE = 2  # a decided token and one draft: the smallest Extend that makes pro
 MIN_GRANT = RESERVE + 1  # one draft in flight while a decided token can still be sent
 
 
-class GrantTooSmall(Exception):
+class VerifierUnfit(Exception):
+    """The verifier cannot serve this request as asked (a deployment problem, not a lost
+    connection): retrying would only fail again."""
+
+
+class GrantTooSmall(VerifierUnfit):
     """The verifier allows fewer live nodes than any speculative mode needs."""
 
 

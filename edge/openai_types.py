@@ -33,6 +33,7 @@ class CompletionRequest:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    sampling: str | None = None  # 'coupled' | 'exact'; None: the server's --sampling
     n: int = 1
     stop: list[str] = field(default_factory=list)
     stream: bool = False
@@ -101,9 +102,19 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
         top_p=_num(body, "top_p", float, 1.0, 1e-6, 1.0),
         top_k=_num(body, "top_k", int, 0, 0, 4096),
         seed=_num(body, "seed", int, None, 0, 2**63 - 1),
+        sampling=_sampling(body),
         n=_num(body, "n", int, 1, 1, 8), stop=stop, stream=_bool(body, "stream", False),
         include_usage=_bool(options, "include_usage", False, "stream_options.include_usage"),
         user=body.get("user") if isinstance(body.get("user"), str) else None)
+
+
+def _sampling(body: dict) -> str | None:
+    """AceSpec's extension: "sampling": "coupled" | "exact" (see `edge serve --sampling`)."""
+    value = body.get("sampling")
+    if value is not None and value not in ("coupled", "exact"):
+        raise ApiError(400, f"'sampling' must be \"coupled\" or \"exact\", got {value!r}",
+                       "sampling")
+    return value
 
 
 def new_id(chat: bool) -> str:

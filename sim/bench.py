@@ -32,6 +32,7 @@ class BenchConfig:
     adaptive: bool = False  # pipeline/acespec: depth and window follow the link
     netns: bool = False  # shape with tc tbf in a network namespace (root) instead of the proxy
     temperature: float = 0.0
+    sampling: str = "coupled"  # with temperature > 0: "coupled" | "exact"
     emulate: str = "40,0.5"  # the verifier's --emulate-step-ms profile
     per_category: int = 10  # prompts per category
     seed: int = 0
@@ -169,7 +170,8 @@ async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, 
             for p in prompts:
                 ecfg = EngineConfig(mode=mode, depth=cfg.depth, window=cfg.window,
                                     adaptive=cfg.adaptive,
-                                    serve=ServeParams(SamplingParams(cfg.temperature)),
+                                    serve=ServeParams(SamplingParams(
+                                        cfg.temperature, coupled=cfg.sampling == "coupled")),
                                     seed=cfg.seed, max_tokens=cfg.max_tokens)
                 before = (proxy.counts.up, proxy.counts.down)
                 stamps: list[float] = []
@@ -232,6 +234,7 @@ def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
                 "wire_bytes_up_per_token": round(sum(r["wire_bytes_up"] for r in rs) / tok, 2),
                 "wire_bytes_down_per_token": round(sum(r["wire_bytes_down"] for r in rs) / tok, 2),
                 "target_forwards_per_token": round(sum(r["target_forwards"] for r in rs) / tok, 3),
+                **_idle(rs),
             }
         sd_al = per_mode.get("sd", {}).get("mean_acceptance_length")
         for m in per_mode.values():
@@ -244,6 +247,15 @@ def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
                 m["ratio_to_ideal"] = round(m["tokens_per_s"] / m["ideal_tokens_per_s"], 3)
             rows.append(m)
     return rows
+
+
+def _idle(rs: list[dict]) -> dict:
+    """The verifier's idle-time figures over runs: busy fraction (mean over runs that report
+    it), dead drafts skipped and tokens decided with no draft (totals)."""
+    busy = [r["verifier_busy"] for r in rs if r.get("verifier_busy") is not None]
+    return {"verifier_busy": round(float(np.mean(busy)), 3) if busy else None,
+            "dead_nodes_skipped": sum(r.get("dead_nodes_skipped", 0) for r in rs),
+            "continuation_tokens": sum(r.get("continuation_tokens", 0) for r in rs)}
 
 
 def by_category(records: list[dict]) -> list[dict]:

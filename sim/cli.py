@@ -65,6 +65,9 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--adaptive", action="store_true",
                    help="pipeline/acespec start at --depth/--window and follow the link")
     b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--sampling", default="coupled", choices=["coupled", "exact"],
+                   help="with --temperature > 0: coupled (the verifier decides) or exact "
+                   "(rejection sampling at the edge) (default: %(default)s)")
     b.add_argument("--emulate-step-ms", default="40,0.5", metavar="T0[,PER_NODE]",
                    help="TESTBED step-time profile of the verifier (default: %(default)s)")
     b.add_argument("--model", default="", help="target HF folder (default: the demo target)")
@@ -97,8 +100,9 @@ def run_bench_cli(args) -> int:
     try:
         cfg = BenchConfig(links=parse_links(args.link), modes=tuple(args.modes.split(",")),
                           max_tokens=args.max_tokens, depth=args.depth, window=args.window,
-                          adaptive=args.adaptive, netns=args.netns, temperature=args.temperature, emulate=args.emulate_step_ms,
-                          per_category=args.per_category)
+                          adaptive=args.adaptive, netns=args.netns,
+                          temperature=args.temperature, sampling=args.sampling,
+                          emulate=args.emulate_step_ms, per_category=args.per_category)
         bad = [m for m in cfg.modes if m not in ("ar", "sd", "pipeline", "acespec")]
         if bad:
             raise ValueError(f"unknown modes {bad}; available: ar, sd, pipeline, acespec")
@@ -110,7 +114,8 @@ def run_bench_cli(args) -> int:
     summary, cats = summarize(records, cfg), by_category(records)
     print(f"profile: --emulate-step-ms {cfg.emulate}, depth {cfg.depth}, window {cfg.window}"
           f"{' (adaptive)' if cfg.adaptive else ''}, "
-          f"{len(prompts)} prompts, {cfg.max_tokens} tokens each, temperature {cfg.temperature}")
+          f"{len(prompts)} prompts, {cfg.max_tokens} tokens each, temperature {cfg.temperature}"
+          f"{f' ({cfg.sampling} sampling)' if cfg.temperature else ''}")
     print(markdown(summary))
     if args.out:
         from dataclasses import asdict

@@ -132,6 +132,19 @@ def test_impossible_claims_are_invalid_arguments():
         s.apply_drafts(8, 5, [1])
 
 
+def test_drafts_after_continuation_past_the_edges_old_chain():
+    """The verifier decided past the end of everything the edge sent; the edge, having
+    learned those tokens, drafts from its new committed end (behind=0): no gap."""
+    s = session()
+    want = truth([1, 2, 3], 10)
+    s.apply_drafts(3, 0, [want[0]])
+    for _ in range(3):
+        run_pass(s)
+    assert s.end == 3 + 4 and len(s.edge) == 4
+    s.apply_drafts(6, 0, want[3:7])
+    assert s.counts.drafts_reconciled == 1 and s.pending() == want[4:7]
+
+
 def test_stop_token_and_max_tokens_end_the_session():
     want = truth([1, 2, 3], 10)
     s = session(stop=frozenset({want[2]}))

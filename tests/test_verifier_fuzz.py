@@ -2,8 +2,9 @@
 
 A seeded generator builds streams of four kinds: valid sessions (must end OK), sessions
 with one deliberately bad message injected (must end with that message's status code),
-mis-ordered valid messages (Extend/Commit/MoreTail before Open: FAILED_PRECONDITION), and
-random or mutated bytes (any outcome but a crash). Throughout, a healthy session runs
+mis-ordered valid messages (Extend/Commit/MoreTail before Open: FAILED_PRECONDITION), random
+or mutated bytes (any outcome but a crash), and sessions the verifier decides (Open.decide,
+Drafts: valid ones end OK, one bad Drafts or a tree message ends them with its code). Throughout, a healthy session runs
 alongside and must produce the right tokens; afterwards no session may be left open and the
 servicer must not have hit an internal error.
 """
@@ -51,6 +52,41 @@ class Fuzzer:
             msgs.append(pb.Uplink(commit=pb.Commit(node_id=next_id - 1 - int(self.rng.integers(0, n)))))
         return msgs
 
+    def decided_session(self) -> list[pb.Uplink]:
+        """A session the verifier decides (greedy or coupled): Open.decide, then Drafts
+        chains (some on top of earlier drafts, some restarting at the prompt's end)."""
+        coupled = bool(self.rng.integers(2))
+        sampling = pb.Sampling(temperature=0.8, coupled=True) if coupled else pb.Sampling()
+        msgs = [self.open(sampling=sampling, decide=pb.Decide(
+            max_tokens=int(self.rng.integers(0, 6)), stop_tokens=[int(self.rng.integers(self.vocab))]))]
+        end = position = len(msgs[0].open.prompt_tokens)
+        for _ in range(int(self.rng.integers(1, 4))):
+            n = int(self.rng.integers(1, 4))
+            behind = position - end if self.rng.integers(2) else 0
+            position = end + behind
+            msgs.append(pb.Uplink(drafts=pb.Drafts(position=position, behind=behind,
+                                                   tokens=self.rng.integers(0, self.vocab, n).tolist())))
+            position += n
+        return msgs
+
+    def bad_decided(self) -> tuple[list[pb.Uplink], str]:
+        """A decided session that runs until the edge half-closes, with one bad message."""
+        r, v = self.rng, self.vocab
+        opened = self.open(decide=pb.Decide(max_tokens=0))
+        end = len(opened.open.prompt_tokens)
+        options = [
+            (pb.Uplink(drafts=pb.Drafts(position=end, tokens=[int(r.integers(v, 2**32))])), "INVALID_ARGUMENT"),
+            (pb.Uplink(drafts=pb.Drafts(position=end, tokens=[])), "INVALID_ARGUMENT"),
+            (pb.Uplink(drafts=pb.Drafts(position=end + 1000, behind=0, tokens=[1])), "INVALID_ARGUMENT"),
+            (pb.Uplink(drafts=pb.Drafts(position=end, behind=end + 1, tokens=[1])), "INVALID_ARGUMENT"),
+            (pb.Uplink(drafts=pb.Drafts(position=end + 3, behind=3, tokens=[1])), "INVALID_ARGUMENT"),
+            (pb.Uplink(extend=pb.Extend(tokens=[1])), "FAILED_PRECONDITION"),
+            (pb.Uplink(commit=pb.Commit(node_id=0)), "FAILED_PRECONDITION"),
+            (self.open(), "FAILED_PRECONDITION"),
+        ]
+        bad, code = options[int(r.integers(len(options)))]
+        return [opened, bad], code
+
     def bad_message(self, next_id: int) -> tuple[pb.Uplink, str]:
         r, v = self.rng, self.vocab
         options = [
@@ -63,6 +99,7 @@ class Fuzzer:
             (pb.Uplink(more_tail=pb.MoreTail(node_id=0, n=int(r.integers(65, 1000)))), "INVALID_ARGUMENT"),
             (pb.Uplink(), "INVALID_ARGUMENT"),
             (self.open(), "FAILED_PRECONDITION"),
+            (pb.Uplink(drafts=pb.Drafts(position=1, tokens=[1])), "FAILED_PRECONDITION"),
         ]
         return options[int(r.integers(len(options)))]
 
@@ -75,14 +112,20 @@ class Fuzzer:
             (pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash="v1:0000", prompt_tokens=[1])), "FAILED_PRECONDITION"),
             (pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash=self.vh, prompt_tokens=[])), "INVALID_ARGUMENT"),
             (pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash=self.vh, prompt_tokens=[1] * 100)), "RESOURCE_EXHAUSTED"),
+            (self.open(sampling=pb.Sampling(temperature=0.8), decide=pb.Decide()), "FAILED_PRECONDITION"),
         ]
         return options[int(r.integers(len(options)))]
 
     def stream(self) -> tuple[list[bytes], str | None]:
         """(serialized messages, expected final code; None = any allowed outcome)."""
-        kind = self.rng.integers(5)
+        kind = self.rng.integers(7)
         if kind == 0:
             return [m.SerializeToString() for m in self.valid_session()], "OK"
+        if kind == 5:
+            return [m.SerializeToString() for m in self.decided_session()], "OK"
+        if kind == 6:
+            msgs, code = self.bad_decided()
+            return [m.SerializeToString() for m in msgs], code
         if kind == 1:
             msgs = self.valid_session()
             cut = int(self.rng.integers(1, len(msgs) + 1))
