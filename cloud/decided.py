@@ -61,9 +61,11 @@ class DecidedCounts:
     drafts_reconciled: int = 0  # drafts found equal to tokens decided before they arrived
     continuation: int = 0  # tokens decided with no draft at their position
 
-    def dead_skipped(self, pending: int) -> int:
-        """Drafts dropped unscored: behind a rejection, or contradicted before scoring."""
-        return self.drafts_received - self.drafts_scored - self.drafts_reconciled - pending
+    def dead_skipped(self) -> int:
+        """Drafts never scored nor settled by comparison: behind a rejection, contradicted
+        before scoring, or left over when the session ended. (A draft is counted once:
+        scored ones are decided or dead after their pass, reconciled ones were decided.)"""
+        return self.drafts_received - self.drafts_scored - self.drafts_reconciled
 
 
 class DecidedSession:

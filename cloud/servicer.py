@@ -217,9 +217,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
     def _last_decided(session, start: int, tokens: list[int]) -> pb.Decided:
         """The session's last message: done, with the verifier's account of it."""
         return pb.Decided(position=start, tokens=tokens, passes=session.counts.passes,
-                          done=True, counts=encode_counts(session.counts,
-                                                          len(session.pending()),
-                                                          time.perf_counter()))
+                          done=True, counts=encode_counts(session.counts, time.perf_counter()))
 
     def _apply_uplink(self, session, inbox: asyncio.Queue) -> bool:
         """Apply every queued uplink message of a decided session; True at the edge's EOF."""

@@ -84,7 +84,7 @@ def add_parser(sub) -> None:
     sv.add_argument("--port", type=_number(int, 1, 65535), default=8000)
     sv.add_argument("--cloud", default="localhost:50051", help="verifier HOST:PORT")
     sv.add_argument("--drafter", default=str(DEMO_DRAFTER), help="drafter GGUF")
-    _add_engine_args(sv, "pipeline")
+    _add_engine_args(sv, "acespec")
     sv.add_argument("--send-mass", type=_number(float, 0.0, 1.0, lo_open=True), default=0.9)
     cap = sv.add_argument_group(
         "capacity (the drafter's context holds max-concurrent x (ctx-per-request + a reserve "
@@ -111,10 +111,12 @@ def _add_engine_args(p, mode: str) -> None:
                    "keeps decoding through every round trip; exact sampled sessions add "
                    "pre-scored recovery branches to pipeline (default: %(default)s)")
     p.add_argument("--sampling", default="coupled", choices=["coupled", "exact"],
-                   help="with --temperature > 0: 'coupled' (Gumbel-max with noise shared by "
-                   "edge and cloud: the text for a seed equals cloud-only decoding's, and the "
-                   "verifier decides) or 'exact' (rejection sampling at the edge). Both "
-                   "sample the served distribution exactly (default: %(default)s)")
+                   help="'coupled': Gumbel-max with noise shared by edge and cloud (with "
+                   "--temperature > 0; greedy at 0): the text for a seed equals cloud-only "
+                   "decoding's, and in acespec mode the verifier decides. 'exact': the edge "
+                   "decides every verdict (rejection sampling; greedy verification at 0) and "
+                   "the verifier scores trees. Both sample the served distribution exactly "
+                   "(default: %(default)s)")
     p.add_argument("--depth", type=_number(int, 1, MAX_DEPTH), default=None,
                    help="drafts per Extend; unset: adaptive (starts at 4, follows the link)")
     p.add_argument("--window", type=_number(int, 1, MAX_WINDOW), default=None,
@@ -146,6 +148,7 @@ def engine_config(args, **kw):
                         downlink_bytes=args.cache_downlink_bytes,
                         cloud_nodes=args.cache_cloud_nodes)
     return EngineConfig(mode=args.mode, depth=depth, window=window, cache=cache,
+                        verifier_decides=args.sampling == "coupled",
                         adaptive=adaptive, **kw)
 
 

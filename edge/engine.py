@@ -251,7 +251,7 @@ class _Run:
         """Open the session: the root's score, or None when the verifier decides it (acespec
         mode, greedy or coupled; an older verifier answers with a root score instead)."""
         cfg = self.cfg
-        if cfg.mode == "acespec" and cfg.serve.sampling.decided:
+        if cfg.mode == "acespec" and cfg.serve.sampling.decided and cfg.verifier_decides:
             return await sess.open_decided(context, cfg.serve, cfg.seed, self.e.vocab_hash,
                                            cfg.max_tokens - len(self.out), sorted(cfg.stop_ids))
         # Commits ride on the next Extend, so the verifier frees dead and committed

@@ -25,6 +25,8 @@ class EngineConfig:
     backoff_s: float = 0.25  # first reconnect delay, doubled each time (max 8 s)
     connect_timeout_s: float = 3.0  # give up this soon when no session ever opened
     cache: CacheConfig = field(default_factory=CacheConfig)  # acespec mode only
+    verifier_decides: bool = True  # acespec, greedy/coupled: the verifier decides (Drafts/
+    # Decided); False keeps the tree protocol with the state cache's branches
     adaptive: bool = False  # depth/window follow the link (acespec.edge.adaptive); start at depth/window
     max_depth: int = 8  # bounds for the adaptive shape
     max_window: int = 32

@@ -140,12 +140,13 @@ class EdgeService:
 
     def config(self, req: CompletionRequest, index: int) -> EngineConfig:
         seed = (req.seed if req.seed is not None else int(time.time_ns() % 2**31)) + index
-        coupled = self.base.serve.sampling.coupled if req.sampling is None else \
-            req.sampling == "coupled"
+        coupled = self.base.verifier_decides if req.sampling is None else \
+            req.sampling == "coupled"  # 'exact': the edge decides (tree protocol)
         serve = ServeParams(SamplingParams(req.temperature, req.top_k, req.top_p, coupled),
                             send_mass=self.base.serve.send_mass, k_max=self.base.serve.k_max)
         stops = frozenset({self.codec.eos_id} - {None})
         return replace(self.base, serve=serve, seed=seed, max_tokens=req.max_tokens,
+                       verifier_decides=coupled,
                        stop_ids=stops, max_reconnects=2, backoff_s=0.1)
 
 

@@ -151,12 +151,12 @@ def decode_drafts(msg: pb.Drafts) -> DraftsMsg:
     return DraftsMsg(msg.position, msg.behind, list(msg.tokens))
 
 
-def encode_counts(c, pending: int, now: float) -> pb.DecidedCounts:
+def encode_counts(c, now: float) -> pb.DecidedCounts:
     """DecidedCounts from acespec.cloud.decided.DecidedCounts (times in microseconds)."""
     return pb.DecidedCounts(wall_us=round((now - c.opened_at) * 1e6), busy_us=round(c.busy_s * 1e6),
                             drafts_received=c.drafts_received, drafts_scored=c.drafts_scored,
                             drafts_reconciled=c.drafts_reconciled,
-                            dead_skipped=c.dead_skipped(pending), continuation=c.continuation)
+                            dead_skipped=c.dead_skipped(), continuation=c.continuation)
 
 
 def decode_counts(msg: pb.DecidedCounts) -> dict:

@@ -137,7 +137,9 @@ def test_adaptive_run_over_a_link_whose_bandwidth_drops(tiny_pair, tmp_path):
             via = f"127.0.0.1:{await proxy.start()}"
             try:
                 d = LlamaDrafter(ggufs["q8_0"], LlamaDrafterConfig(n_ctx=512, n_seq_max=2))
-                cfg = EngineConfig(mode="acespec", max_tokens=200, adaptive=True)
+                # The tree protocol's shape adapts (greedy acespec is decided by the
+                # verifier, whose edge drafts up to the widest window instead).
+                cfg = EngineConfig(mode="pipeline", max_tokens=200, adaptive=True)
                 return await EdgeEngine(lambda: channel(via), tok.vocab_hash(), d).generate(
                     prompt, cfg)
             finally:

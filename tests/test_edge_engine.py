@@ -201,7 +201,8 @@ def test_acespec_greedy_hits_and_equals_ar(pair, noisy_gguf):
             d = LlamaDrafter(noisy_gguf, LlamaDrafterConfig(n_ctx=512, n_seq_max=2))
             out = {}
             for mode in ("ar", "pipeline", "acespec"):
-                cfg = EngineConfig(mode=mode, depth=3, window=9, max_tokens=48, cache=WIDE)
+                cfg = EngineConfig(mode=mode, depth=3, window=9, max_tokens=48, cache=WIDE,
+                                   verifier_decides=False)  # the tree protocol's cache
                 out[mode] = await decode(addr, tok.vocab_hash(), d, prompt, cfg)
             return out
 

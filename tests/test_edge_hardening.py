@@ -327,13 +327,17 @@ def test_branches_use_their_own_sequences(stack, noisy_gguf):
     async def go():
         async with running_verifier(model, vh) as (_, addr), \
                 edge_http(addr, noisy_gguf, "--mode", "acespec", "--depth", "4",
-                          "--window", "8", "--cache-cloud-nodes", "16") as (http, svc):
+                          "--window", "8", "--cache-cloud-nodes", "16",
+                          # generous budgets: this tests where branches go, not how many
+                          "--cache-draft-ms", "200", "--cache-uplink-bytes", "10000",
+                          "--cache-downlink-bytes", "100000") as (http, svc):
             pool = [svc.free_seqs.get_nowait() for _ in range(svc.free_seqs.qsize())]
             for seq in pool:  # the sequences requests are given, put back in order
                 svc.free_seqs.put_nowait(seq)
             spy = svc.engine.drafter = SeqSpy(svc.drafter)
             rs = await asyncio.gather(*(http.post("/v1/completions", json={
-                "model": "tiny", "prompt": p, "max_tokens": 24, "temperature": 0})
+                "model": "tiny", "prompt": p, "max_tokens": 24, "temperature": 0,
+                "sampling": "exact"})  # the edge decides: the tree protocol's branches
                 for p in prompts))
             return rs, spy, set(pool)
 

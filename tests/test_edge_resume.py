@@ -44,13 +44,15 @@ def start_verifier(model_dir, port: int, step_ms: str = "15") -> subprocess.Pope
     return proc
 
 
-@pytest.mark.parametrize("mode,temperature", [("pipeline", 0.0), ("pipeline", 1.0),
-                                              ("sd", 1.0), ("ar", 1.0)])
-def test_verifier_killed_mid_generation(hf_pair, mode, temperature):
+@pytest.mark.parametrize("mode,temperature,coupled", [
+    ("pipeline", 0.0, False), ("pipeline", 1.0, False), ("sd", 1.0, False), ("ar", 1.0, False),
+    ("acespec", 0.0, False), ("acespec", 1.0, True)])  # acespec: decided by the verifier
+def test_verifier_killed_mid_generation(hf_pair, mode, temperature, coupled):
     model_dir, tok, ggufs = hf_pair
     port = free_port()
     addr = f"127.0.0.1:{port}"
-    serve = ServeParams(SamplingParams(temperature=temperature, top_k=40), send_mass=0.5)
+    serve = ServeParams(SamplingParams(temperature=temperature, top_k=40, coupled=coupled),
+                        send_mass=0.5)
     cfg = EngineConfig(mode=mode, depth=3, window=6, max_tokens=40, serve=serve, seed=5,
                        backoff_s=0.2, max_reconnects=10)
     drafter = LlamaDrafter(ggufs["q8_0"], LlamaDrafterConfig(n_ctx=512, n_seq_max=1))
