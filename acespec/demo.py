@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from acespec.argtypes import number
+
 SAMPLE = "def fibonacci(n):\n    "
 COLUMNS = ("tokens_per_s", "ttft_s", "mean_acceptance_length", "cache_hit_rate",
            "target_forwards_per_token", "wire_bytes_up_per_token", "wire_bytes_down_per_token",
@@ -35,7 +37,7 @@ def add_parser(sub) -> None:
     d.add_argument("--emulate-step-ms", default="40,0.5", metavar="T0[,PER_NODE]",
                    help="TESTBED: pad each verifier pass to a big target's step time; '0' for "
                    "the demo target's own (default: %(default)s)")
-    d.add_argument("--max-tokens", type=int, default=96)
+    d.add_argument("--max-tokens", type=number(int, 1), default=96)
     d.add_argument("--model", default="", help="target HF folder (default: the demo target)")
     d.add_argument("--drafter", default=str(DEMO_DRAFTER))
     d.add_argument("--modes", default="acespec,ar", help="first is streamed (default: %(default)s)")

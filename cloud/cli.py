@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from acespec.argtypes import number
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("cloud", help="the cloud verifier (gRPC)")
@@ -33,7 +35,7 @@ def add_parser(sub) -> None:
     s.add_argument("--max-live-nodes", type=int, default=256, help="uncommitted nodes per session")
     s.add_argument("--max-prompt-tokens", type=int, default=4096)
     s.add_argument("--idle-timeout", type=float, default=300.0, help="seconds (default: %(default)s)")
-    s.add_argument("--write-timeout", type=positive_seconds, default=30.0,
+    s.add_argument("--write-timeout", type=number(float, 0, lo_open=True), default=30.0,
                    help="end a session whose client has read nothing for this many seconds "
                    "while the downlink is full (default: %(default)s)")
     s.add_argument("--metrics-port", type=port_number,
@@ -75,17 +77,6 @@ def port_number(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0..65535)")
     return port
-
-
-def positive_seconds(text: str) -> float:
-    """argparse type: a duration in seconds, > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
 
 
 def _tokens(path: str | None) -> frozenset[str]:

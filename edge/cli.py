@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import sys
 import time
 from pathlib import Path
+
+from acespec.argtypes import number
 
 EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REFUSED = 2, 3, 4
 MAX_DEPTH, MAX_WINDOW = 64, 1024
@@ -24,23 +25,6 @@ class _OneLineErrors(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _number(kind, lo=None, hi=None, lo_open=False):
-    """An argparse type: a `kind` (int or float) in [lo, hi] ((lo, hi] with lo_open), finite."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        bad = value is None or (kind is float and not math.isfinite(value)) or \
-            (lo is not None and (value <= lo if lo_open else value < lo)) or \
-            (hi is not None and value > hi)
-        if bad:
-            noun = "an integer" if kind is int else "a number"
-            span = f"{'(' if lo_open else '['}{lo}, {'inf)' if hi is None else f'{hi}]'}"
-            raise argparse.ArgumentTypeError(f"must be {noun} in {span}, got {text!r}")
-        return value
-    parse.__name__ = kind.__name__  # argparse names the type in some messages
-    return parse
 
 
 def add_parser(sub) -> None:
@@ -61,15 +45,15 @@ def add_parser(sub) -> None:
     g.add_argument("--tokenizer", default=str(DEMO_TARGET),
                    help="tokenizer.json or its folder, used with --drafter ngram")
     _add_engine_args(g, "acespec")
-    g.add_argument("--max-tokens", type=_number(int, 1, 2**31 - 1), default=128,
+    g.add_argument("--max-tokens", type=number(int, 1, 2**31 - 1), default=128,
                    help="tokens to generate, >= 1 (default: %(default)s)")
-    g.add_argument("--temperature", type=_number(float, 0.0), default=0.0,
+    g.add_argument("--temperature", type=number(float, 0.0), default=0.0,
                    help="0 = greedy (default)")
-    g.add_argument("--top-k", type=_number(int, 0, U32), default=0, help="0 = no limit")
-    g.add_argument("--top-p", type=_number(float, 0.0, 1.0, lo_open=True), default=1.0)
-    g.add_argument("--send-mass", type=_number(float, 0.0, 1.0, lo_open=True), default=0.9,
+    g.add_argument("--top-k", type=number(int, 0, U32), default=0, help="0 = no limit")
+    g.add_argument("--top-p", type=number(float, 0.0, 1.0, lo_open=True), default=1.0)
+    g.add_argument("--send-mass", type=number(float, 0.0, 1.0, lo_open=True), default=0.9,
                    help="downlink: sent mass per node")
-    g.add_argument("--seed", type=_number(int, 0, U64), default=0)
+    g.add_argument("--seed", type=number(int, 0, U64), default=0)
     g.add_argument("--auth-token-file", help="bearer token for the verifier")
     g.add_argument("--tls-ca", help="PEM root certificate: connect with TLS")
     g.add_argument("--json", action="store_true",
@@ -81,21 +65,21 @@ def add_parser(sub) -> None:
         "chat template), /v1/models, /health and /metrics on a local port; generation is "
         "drafted here and verified by the cloud verifier.")
     sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=_number(int, 1, 65535), default=8000)
+    sv.add_argument("--port", type=number(int, 1, 65535), default=8000)
     sv.add_argument("--cloud", default="localhost:50051", help="verifier HOST:PORT")
     sv.add_argument("--drafter", default=str(DEMO_DRAFTER), help="drafter GGUF")
     _add_engine_args(sv, "acespec")
-    sv.add_argument("--send-mass", type=_number(float, 0.0, 1.0, lo_open=True), default=0.9)
+    sv.add_argument("--send-mass", type=number(float, 0.0, 1.0, lo_open=True), default=0.9)
     cap = sv.add_argument_group(
         "capacity (the drafter's context holds max-concurrent x (ctx-per-request + a reserve "
         "for drafts and branches) tokens; requests beyond max-concurrent wait in a queue, "
         "beyond max-queue they get 503 with Retry-After)")
-    cap.add_argument("--max-concurrent", type=_number(int, 1, MAX_CONCURRENT), default=8,
+    cap.add_argument("--max-concurrent", type=number(int, 1, MAX_CONCURRENT), default=8,
                      help="generations running at once (default: %(default)s)")
-    cap.add_argument("--ctx-per-request", type=_number(int, 16, 2**20), default=2048,
+    cap.add_argument("--ctx-per-request", type=number(int, 16, 2**20), default=2048,
                      help="most prompt + max_tokens tokens of one request; longer ones get "
                      "400 (default: %(default)s)")
-    cap.add_argument("--max-queue", type=_number(int, 0, 2**20), default=64,
+    cap.add_argument("--max-queue", type=number(int, 0, 2**20), default=64,
                      help="generations waiting for a slot (default: %(default)s)")
     sv.add_argument("--model-name", default="acespec", help="the model id clients send")
     sv.add_argument("--auth-token-file", help="bearer token for the verifier")
@@ -117,13 +101,13 @@ def _add_engine_args(p, mode: str) -> None:
                    "decides every verdict (rejection sampling; greedy verification at 0) and "
                    "the verifier scores trees. Both sample the served distribution exactly "
                    "(default: %(default)s)")
-    p.add_argument("--depth", type=_number(int, 1, MAX_DEPTH), default=None,
+    p.add_argument("--depth", type=number(int, 1, MAX_DEPTH), default=None,
                    help="drafts per Extend; unset: adaptive (starts at 4, follows the link)")
-    p.add_argument("--window", type=_number(int, 1, MAX_WINDOW), default=None,
+    p.add_argument("--window", type=number(int, 1, MAX_WINDOW), default=None,
                    help="most live drafted nodes, >= --depth; unset: adaptive (starts at 16)")
     b = p.add_argument_group("state cache budgets per chunk (acespec mode; unset = derived "
                              "from the measured link and drafter)")
-    amount = _number(float, 0.0)
+    amount = number(float, 0.0)
     b.add_argument("--cache-draft-ms", type=amount, default=None, help="drafter time for branches")
     b.add_argument("--cache-uplink-bytes", type=amount, default=None)
     b.add_argument("--cache-downlink-bytes", type=amount, default=None)

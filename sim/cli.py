@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from acespec.argtypes import number
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("sim", help="WAN link emulation")
@@ -55,10 +57,11 @@ def add_bench_parser(sub) -> None:
                    "(default: %(default)s)")
     b.add_argument("--modes", default="ar,sd,pipeline,acespec")
     b.add_argument("--prompts", help="JSONL of {id, category, prompt} (default: shipped set)")
-    b.add_argument("--per-category", type=int, default=10, help="prompts per category")
-    b.add_argument("--max-tokens", type=int, default=64)
-    b.add_argument("--depth", type=int, default=4)
-    b.add_argument("--window", type=int, default=16)
+    b.add_argument("--per-category", type=number(int, 1), default=10,
+                   help="prompts per category")
+    b.add_argument("--max-tokens", type=number(int, 1), default=64)
+    b.add_argument("--depth", type=number(int, 1), default=4)
+    b.add_argument("--window", type=number(int, 1), default=16)
     b.add_argument("--netns", action="store_true",
                    help="shape each link with tc tbf on a veth into a network namespace that "
                    "runs the verifier (Linux, root; the proxy then only adds the delay)")

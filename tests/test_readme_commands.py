@@ -191,3 +191,11 @@ def test_nginx_config_prints_a_config():
     p = acespec("cloud", "nginx-config", "10.0.0.11:50051", "10.0.0.12:50051", "--listen",
                 "0.0.0.0:50051", timeout=60)
     assert p.returncode == 0 and "grpc_pass" in p.stdout and "10.0.0.12:50051" in p.stdout
+
+
+def test_demo_and_bench_refuse_bad_numbers_in_one_line():
+    for cmd in (["demo", "--max-tokens", "0"], ["bench", "--max-tokens", "-1"],
+                ["bench", "--depth", "0"], ["bench", "--per-category", "0"]):
+        p = acespec(*cmd, timeout=60)
+        assert p.returncode == 2 and "must be an integer in [1, inf)" in p.stderr, (cmd, p.stderr)
+        assert "Traceback" not in p.stderr

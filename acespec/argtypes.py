@@ -1,0 +1,25 @@
+"""argparse types shared by the commands: numbers in a range, with a one-line message."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def number(kind, lo=None, hi=None, lo_open=False):
+    """An argparse type: a `kind` (int or float) in [lo, hi] ((lo, hi] with lo_open), finite."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        bad = value is None or (kind is float and not math.isfinite(value)) or \
+            (lo is not None and (value <= lo if lo_open else value < lo)) or \
+            (hi is not None and value > hi)
+        if bad:
+            noun = "an integer" if kind is int else "a number"
+            span = f"{'(' if lo_open else '['}{lo}, {'inf)' if hi is None else f'{hi}]'}"
+            raise argparse.ArgumentTypeError(f"must be {noun} in {span}, got {text!r}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in some messages
+    return parse
