@@ -34,3 +34,8 @@ def test_images_keep_the_sides_apart():
     edge = (ROOT / "docker/Dockerfile.edge").read_text()
     assert "'.[cloud]'" in cloud and "llama" not in cloud.replace("No llama.cpp", "")
     assert "'.[edge]'" in edge and "find_spec('torch') is None" in edge
+    # checked in the build (docker/sides.py), installed from the host-built wheelhouse, and the
+    # base is a build argument (a local Debian base where no registry answers)
+    assert "sides.py cloud" in cloud and "sides.py edge" in edge
+    for text in (cloud, edge, (ROOT / "docker/Dockerfile.dev").read_text()):
+        assert "ARG BASE=" in text and "--no-index" in text
