@@ -31,6 +31,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# 0. room: the images, their build cache and the wheelhouse take about 14 GB
+free_gb=$(df -Pk / | awk 'NR==2 {print int($4 / 1048576)}')
+if [ "${free_gb:-0}" -lt 16 ]; then
+  say "only ${free_gb} GB free on /: the images need about 16 GB; not running the compose test"
+  exit 2
+fi
+
 # 1. engine and Compose v2 plugin
 if ! command -v dockerd >/dev/null; then
   [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null || { say "no Docker engine and cannot install one (needs root + apt)"; exit 2; }
