@@ -82,6 +82,10 @@ def add_parser(sub) -> None:
     cap.add_argument("--max-queue", type=number(int, 0, 2**20), default=64,
                      help="generations waiting for a slot (default: %(default)s)")
     sv.add_argument("--model-name", default="acespec", help="the model id clients send")
+    sv.add_argument("--chat-template", metavar="FILE",
+                    help="Jinja chat template for /v1/chat/completions (messages, "
+                    "add_generation_prompt, bos_token, eos_token), used instead of the "
+                    "drafter GGUF's own (needed when the GGUF has none)")
     sv.add_argument("--auth-token-file", help="bearer token for the verifier")
     sv.add_argument("--tls-ca", help="PEM root certificate: connect with TLS")
     sv.set_defaults(func=run_serve)
@@ -305,9 +309,25 @@ def build_service(args):
     return EdgeService(codec=codec, drafter=None if args.mode == "ar" else drafter,
                        connect=lambda: channel(args.cloud, root_cert),
                        model_name=args.model_name,
-                       base=base, chat_template=drafter.chat_template(), token=token,
+                       base=base, chat_template=_chat_template(args, drafter), token=token,
                        metrics=EdgeMetrics(), max_concurrent=n,
                        ctx_per_request=args.ctx_per_request, max_queue=args.max_queue)
+
+
+def _chat_template(args, drafter) -> str | None:
+    """--chat-template FILE (checked now: a bad template is a start-up error, not a 400 per
+    request), else the drafter GGUF's template, else None (chat then answers 400)."""
+    if not args.chat_template:
+        return drafter.chat_template()
+    import jinja2
+
+    text = _read_file("--chat-template", args.chat_template).decode("utf-8", "replace")
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"--chat-template {args.chat_template}: line {e.lineno}: "
+                         f"{e.message}") from None
+    return text
 
 
 def run_serve(args) -> int:

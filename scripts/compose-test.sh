@@ -91,8 +91,26 @@ out=$(curl -sS --fail-with-body -m 120 "http://127.0.0.1:$EDGE_PORT/v1/completio
   -H 'Content-Type: application/json' -d "$body")
 say "completion: $out"
 python3 -c 'import json,sys; d=json.loads(sys.argv[1]); t=d["choices"][0]["text"]; assert d["usage"]["completion_tokens"]>0, d; print(repr(t))' "$out" >&2
+chat='{"model":"acespec","messages":[{"role":"user","content":"write a loop"}],"max_tokens":12,"temperature":0}'
+out=$(curl -sS --fail-with-body -m 120 "http://127.0.0.1:$EDGE_PORT/v1/chat/completions" \
+  -H 'Content-Type: application/json' -d "$chat")
+say "chat completion: $out"
+python3 -c 'import json,sys; d=json.loads(sys.argv[1]); m=d["choices"][0]["message"]; assert m["role"]=="assistant" and d["usage"]["completion_tokens"]>0, d' "$out"
+PY=python3; [ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python"
+if "$PY" -c 'import openai' 2>/dev/null; then
+  "$PY" - "$EDGE_PORT" >&2 <<'PYEOF'
+import sys
+from openai import OpenAI
+c = OpenAI(base_url=f"http://127.0.0.1:{sys.argv[1]}/v1", api_key="unused", timeout=120, max_retries=0)
+r = c.chat.completions.create(model="acespec", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+assert r.choices[0].message.content and r.usage.completion_tokens > 0, r
+print("openai client chat:", repr(r.choices[0].message.content))
+PYEOF
+else
+  say "the openai package is not installed here: the openai client check is skipped (curl checked chat)"
+fi
 docker compose logs wan 2>&1 | tail -n 3 >&2
-step "completion through the 50 Kbps / 50 ms link"
+step "completion, chat completion, openai client through the 50 Kbps / 50 ms link"
 
 # 6. a short bench through the link into a mounted folder
 rm -rf "$ROOT/bench-out"; mkdir -p "$ROOT/bench-out"

@@ -199,3 +199,30 @@ def test_demo_and_bench_refuse_bad_numbers_in_one_line():
         p = acespec(*cmd, timeout=60)
         assert p.returncode == 2 and "must be an integer in [1, inf)" in p.stderr, (cmd, p.stderr)
         assert "Traceback" not in p.stderr
+
+
+def test_edge_serve_chat_template_flag(tiny_pair, tiny_hf_dir, tmp_path):
+    """`edge serve --chat-template FILE` gives chat to a drafter GGUF that has no template
+    (the docker compose stack serves the demo drafter this way); a broken template is a
+    one-line start-up error."""
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}")
+    p = acespec("edge", "serve", "--drafter", str(tiny_pair[2]["q8_0"]), "--chat-template",
+                str(bad), timeout=60)
+    assert p.returncode == 2 and "--chat-template" in p.stderr and "Traceback" not in p.stderr
+    tpl = tmp_path / "chat.jinja"
+    tpl.write_text(CHAT)
+    cloud, addr = verifier("--model", str(tiny_hf_dir))
+    port = free_port()
+    edge = Proc("edge", "serve", "--cloud", addr, "--port", str(port), "--drafter",
+                str(tiny_pair[2]["q8_0"]), "--chat-template", str(tpl))
+    with cloud, edge:
+        edge.wait_for(r"acespec edge listening")
+        wait_http(f"http://127.0.0.1:{port}/health")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
+                               timeout=60, max_retries=0)
+        r = client.chat.completions.create(model="acespec", max_tokens=8, temperature=0,
+                                           messages=[{"role": "user", "content": "hi"}])
+        assert r.choices[0].message.content and r.usage.completion_tokens > 0
+        edge.stop(timeout=20)
+        cloud.stop()
