@@ -108,7 +108,12 @@ class DecidedSession:
         if bad:
             raise InvalidArgument(f"Drafts.tokens: token id {bad[0]} is outside the vocabulary "
                                   f"[0, {self.limits.vocab})")
-        self.edge = self.tokens[:base] + self.edge[base:position] + list(map(int, tokens))
+        # In place, O(window) per message: edge[:agree] already equals the decided text, so
+        # only [agree, base) is overwritten with it; the edge's drafts from `position` are new.
+        if self.agree < base:
+            self.edge[self.agree:base] = self.tokens[self.agree:base]
+        del self.edge[position:]
+        self.edge.extend(map(int, tokens))
         self.agree = max(base, min(self.agree, position))  # edge[:base] is decided text now
         self.counts.drafts_received += len(tokens)
         self._reconcile(unscored_from=position)
