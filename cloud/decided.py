@@ -8,11 +8,15 @@ autoregressive decoding). It never waits for the link: while the edge learns a v
 drafts again, the verifier keeps decoding, and the edge's late drafts are reconciled with
 what was decided meanwhile (compared, not scored).
 
-The edge's uplink here is a sequence, not a tree: `Drafts(position, behind, tokens)` says
+The edge's uplink is a speculation tree (`Grow`: nodes with parents, rooted in the decided
+text; DESIGN §6) or, from an older edge, one chain (`Drafts(position, behind, tokens)`:
 "my text is your decided tokens up to position - behind, then the drafts I sent before up
-to `position`, then `tokens`". The verifier keeps that claimed sequence (`edge`) and the
-length of its agreement with the decided one; only drafts beyond the decided end on an
-agreeing sequence are scored, so a dead draft never costs a pass.
+to `position`, then `tokens`", kept here as a chain of tree nodes). Each node is pending
+(beyond the decided end, on a path that agrees with the decided text), matched (its
+position is decided and equals its token) or dead (it or an ancestor disagrees). Only
+pending nodes are scored, so a dead draft never costs a pass; a pass feeds the whole
+pending tree and the walk follows whichever child it decides - the draft or a guessed
+recovery branch - so a hit on a branch continues with no round trip.
 """
 
 from __future__ import annotations
@@ -68,19 +72,39 @@ class DecidedCounts:
         return self.drafts_received - self.drafts_scored - self.drafts_reconciled
 
 
+PENDING, MATCHED, DEAD = 0, 1, 2
+ROOT = -1  # a node's parent: the decided text up to its position
+HORIZON = 1024  # nodes this many positions behind the decided end are forgotten
+
+
+@dataclass
+class Claim:
+    """One node of the edge's speculation tree."""
+
+    token: int
+    parent: int  # node id, or ROOT
+    position: int  # where its token sits in the text
+    state: int = PENDING
+    scored: bool = False  # fed to a pass
+
+
 class DecidedSession:
-    """The decided text of one session and the edge's claimed continuation of it."""
+    """The decided text of one session and the edge's speculation tree beside it."""
 
     def __init__(self, prompt: Sequence[int], params: ServeParams, seed: int,
                  limits: DecideLimits):
         self.params, self.seed, self.limits = params, seed, limits
         self.tokens = list(map(int, prompt))  # [D] prompt + decided; the KV holds all but the last
         self.prompt_len = len(self.tokens)
-        self.edge = list(self.tokens)  # the edge's claimed text (decided prefix + its drafts)
-        self.agree = len(self.tokens)  # edge[:agree] == tokens[:agree]
+        self.nodes: dict[int, Claim] = {}
+        self.next_id = 0
+        self.live: dict[int, None] = {}  # ids of pending nodes, in id (topological) order
+        self.chain: dict[int, int] = {}  # Drafts: position -> node id of the edge's chain
         self.done = False
         self.counts = DecidedCounts()
-        self._in_pass: list[int] = []
+        self._in_pass: list[int] = []  # node ids fed to the pass in flight
+        self._base = 0  # the KV slot of the pass's first input
+        self.walked: list[int] = []  # pass indices of the nodes the last walk accepted
 
     @property
     def end(self) -> int:
@@ -88,55 +112,110 @@ class DecidedSession:
         return len(self.tokens)
 
     def pending(self) -> list[int]:
-        """Live drafts beyond the decided end (empty when the edge's text disagrees)."""
-        return self.edge[self.end:] if self.agree >= self.end else []
+        """Tokens of the live nodes beyond the decided end, in id order."""
+        return [self.nodes[i].token for i in self.live]
 
     # -- uplink -----------------------------------------------------------------
 
+    def apply_grow(self, anchor: int, parents: Sequence[int], tokens: Sequence[int]) -> None:
+        """New nodes next_id.. with these parents (node ids, or ROOT = the decided text up
+        to `anchor`). Raises InvalidArgument for a claim that cannot be true."""
+        if ROOT in parents:
+            self._check_base(anchor, "Grow.anchor")
+        self._check_vocab(tokens, "Grow.tokens")
+        if len(self.live) + len(tokens) > 8 * self.limits.pass_nodes:
+            raise InvalidArgument(f"Grow: {len(self.live) + len(tokens)} pending nodes would "
+                                  f"exceed {8 * self.limits.pass_nodes}; wait for Decided")
+        for p in parents:
+            if p != ROOT and p < self.next_id and p not in self.nodes:
+                raise InvalidArgument(f"Grow: parent node {p} was decided more than {HORIZON}"
+                                      " positions ago; anchor at the decided text instead")
+        for t, p in zip(tokens, parents):
+            self._add(int(t), int(p), anchor)
+
     def apply_drafts(self, position: int, behind: int, tokens: Sequence[int]) -> None:
         """The edge's text is decided[:position - behind] + its earlier drafts up to
-        `position` + tokens. Raises InvalidArgument for a claim that cannot be true."""
+        `position` + tokens (one chain). Raises InvalidArgument for an impossible claim."""
         base = position - behind
+        self._check_base(base, "Drafts")
+        if behind and position - 1 not in self.chain:
+            end = max(self.chain, default=base - 1) + 1
+            raise InvalidArgument(f"Drafts at position {position} leaves a gap: the edge's "
+                                  f"drafts so far end at {end}")
+        self._check_vocab(tokens, "Drafts.tokens")
+        for pos in [p for p in self.chain if p >= position]:  # replaced by these tokens
+            self._kill(self.chain.pop(pos))
+        parent = self.chain[position - 1] if behind else ROOT
+        for i, t in enumerate(tokens):
+            self.chain[position + i] = self.next_id
+            parent = self._add(int(t), parent, position)
+
+    def _check_base(self, base: int, what: str) -> None:
         if not self.prompt_len <= base <= self.end:
-            raise InvalidArgument(f"Drafts builds on {base} decided positions; the session has "
+            raise InvalidArgument(f"{what} builds on {base} decided positions; the session has "
                                   f"{self.prompt_len} prompt + {self.end - self.prompt_len} "
                                   "decided")
-        if behind and position > len(self.edge):
-            raise InvalidArgument(f"Drafts at position {position} leaves a gap: the edge's "
-                                  f"drafts so far end at {len(self.edge)}")
+
+    def _check_vocab(self, tokens: Sequence[int], what: str) -> None:
         bad = [t for t in tokens if not 0 <= t < self.limits.vocab]
         if bad:
-            raise InvalidArgument(f"Drafts.tokens: token id {bad[0]} is outside the vocabulary "
+            raise InvalidArgument(f"{what}: token id {bad[0]} is outside the vocabulary "
                                   f"[0, {self.limits.vocab})")
-        # In place, O(window) per message: edge[:agree] already equals the decided text, so
-        # only [agree, base) is overwritten with it; the edge's drafts from `position` are new.
-        if self.agree < base:
-            self.edge[self.agree:base] = self.tokens[self.agree:base]
-        del self.edge[position:]
-        self.edge.extend(map(int, tokens))
-        self.agree = max(base, min(self.agree, position))  # edge[:base] is decided text now
-        self.counts.drafts_received += len(tokens)
-        self._reconcile(unscored_from=position)
 
-    def _reconcile(self, unscored_from: int) -> None:
-        """Advance the agreement over positions decided on both sides; drafts from
-        `unscored_from` on that match a decided token were settled without a pass. The first
-        mismatch stops it: every draft after it is dead (its context is wrong)."""
-        stop = min(len(self.edge), self.end)
-        while self.agree < stop and self.edge[self.agree] == self.tokens[self.agree]:
-            if self.agree >= unscored_from:
-                self.counts.drafts_reconciled += 1
-            self.agree += 1
+    def _add(self, token: int, parent: int, anchor: int) -> int:
+        """Append one node; its state follows from its parent's. Returns its id."""
+        nid = self.next_id
+        self.next_id += 1
+        self.counts.drafts_received += 1
+        position = anchor if parent == ROOT else self.nodes[parent].position + 1
+        node = self.nodes[nid] = Claim(token, parent, position)
+        self._settle(nid, node)
+        return nid
+
+    def _settle(self, nid: int, node: Claim) -> None:
+        """Resolve a pending node against the decided text, as far as it reaches."""
+        up = MATCHED if node.parent == ROOT else self.nodes[node.parent].state
+        if up == DEAD:
+            node.state = DEAD
+        elif up == MATCHED and node.position < self.end:
+            node.state = MATCHED if node.token == self.tokens[node.position] else DEAD
+            self.counts.drafts_reconciled += node.state == MATCHED and not node.scored
+        else:
+            node.state = PENDING
+        if node.state == PENDING:
+            self.live[nid] = None
+        else:
+            self.live.pop(nid, None)
+
+    def _kill(self, nid: int) -> None:
+        node = self.nodes.get(nid)
+        if node is not None and node.state == PENDING:
+            node.state = DEAD
+            self.live.pop(nid, None)
 
     # -- passes -----------------------------------------------------------------
 
     def plan_pass(self) -> list[int]:
-        """Tokens of the next pass: the last decided token (not in the KV yet), then the live
-        drafts after it, within the pass and context limits."""
-        room = min(self.limits.pass_nodes, self.limits.context - self.end - 1,
-                   self.limits.max_tokens - (self.end - self.prompt_len) - 1)
-        self._in_pass = self.pending()[:max(0, room)]
-        return [self.tokens[-1]] + self._in_pass
+        """Tokens of the next pass: the last decided token (not in the KV yet), then the
+        pending tree in id order (parents first), within the pass and context limits."""
+        reach = min(self.limits.context - 1,
+                    self.prompt_len + self.limits.max_tokens - 1)  # last position worth scoring
+        fed: dict[int, int] = {}  # node id -> index in the pass
+        for nid in self.live:
+            node = self.nodes[nid]
+            if len(fed) >= self.limits.pass_nodes or node.position >= reach:
+                continue
+            if node.parent in fed or self.nodes.get(node.parent, _TOP).state == MATCHED:
+                fed[nid] = len(fed)
+        self._in_pass = list(fed)
+        return [self.tokens[-1]] + [self.nodes[i].token for i in self._in_pass]
+
+    def pass_parents(self, base: int) -> list[int]:
+        """KV parent slots [1 + n] of the planned pass, its first input at slot `base`."""
+        index = {nid: i for i, nid in enumerate(self._in_pass)}
+        self._base = base
+        return [base - 1] + [base + 1 + index[self.nodes[i].parent]
+                             if self.nodes[i].parent in index else base for i in self._in_pass]
 
     def finish_prefill(self, row: np.ndarray, seconds: float) -> tuple[int, list[int]]:
         """Decide the first token from the prompt's last logits row [V] (the prefill pass):
@@ -146,28 +225,45 @@ class DecidedSession:
 
     def finish_pass(self, rows: np.ndarray, seconds: float) -> tuple[int, list[int]]:
         """Decide from the pass's logits rows [1 + n, V]: returns (position of the first
-        decided token, decided tokens: accepted drafts then one more). The KV keeps the
-        slots of all but the last decided token."""
-        drafts, start = self._in_pass, self.end
-        new: list[int] = []
-        for i in range(len(drafts) + 1):
-            y = decide(rows[i], self.params, self.seed, start + i)
+        decided token, decided tokens: the walked path then one more)."""
+        fed, start = self._in_pass, self.end
+        index = {nid: i for i, nid in enumerate(fed)}
+        kids: dict[int, dict[int, int]] = {}  # parent id (ROOT: the decided end) -> token -> nid
+        for nid in fed:
+            node = self.nodes[nid]
+            node.scored = True
+            kids.setdefault(node.parent if node.parent in index else ROOT, {}
+                            ).setdefault(node.token, nid)
+        new, at, self.walked = [], ROOT, []  # walked: pass indices of the accepted nodes
+        while True:
+            row = rows[0] if at == ROOT else rows[1 + index[at]]
+            y = decide(row, self.params, self.seed, start + len(new))
             new.append(y)
-            if i == len(drafts):
-                self.counts.continuation += 1
-            if i == len(drafts) or drafts[i] != y or y in self.limits.stop:
+            nxt = kids.get(at, {}).get(y)
+            if nxt is None or y in self.limits.stop:
+                self.counts.continuation += at not in kids
                 break
+            self.walked.append(index[nxt])
+            at = nxt
         self.counts.passes += 1
         self.counts.busy_s += seconds
-        self.counts.drafts_scored += len(drafts)
+        self.counts.drafts_scored += len(fed)
         new = self._commit(new)
-        # Drafts that arrived during the pass (or beyond its limit) meet the decided tokens.
-        self._reconcile(unscored_from=start + len(drafts))
+        for nid in fed:  # a fed node the walk did not take is dead (its slot is gone)
+            self._kill(nid)
+        self._settle_live()
         return start, new
+
+    def kept_slots(self) -> list[int]:
+        """KV slots to keep after a pass: every decided token but the last (the pass's
+        first input and the walked nodes, the last of which may be cut by a limit)."""
+        keep = self.end - 1 - self._base
+        walked = [self._base + 1 + i for i in self.walked][:max(0, keep - 1)]
+        return list(range(self._base + min(1, keep))) + walked
 
     def _commit(self, new: list[int]) -> list[int]:
         """Append decided tokens, ending the session at a stop token, max_tokens or the
-        context's end."""
+        context's end; then settle the pending nodes they reach."""
         left = min(self.limits.max_tokens - (self.end - self.prompt_len),
                    self.limits.context - self.end)
         new = new[:left]
@@ -179,8 +275,23 @@ class DecidedSession:
         if (self.end - self.prompt_len >= self.limits.max_tokens or
                 (new and new[-1] in self.limits.stop) or self.end >= self.limits.context):
             self.done = True
+        self._settle_live()
+        self._forget()
         return new
 
-    def kept_slots(self) -> int:
-        """KV slots to keep after a pass: every decided token but the last."""
-        return self.end - 1
+    def _settle_live(self) -> None:
+        for nid in list(self.live):  # id order: parents settle before their children
+            self._settle(nid, self.nodes[nid])
+
+    def _forget(self) -> None:
+        """Drop settled nodes far behind the decided end (the edge no longer refers to them)."""
+        if len(self.nodes) <= 4 * HORIZON:
+            return
+        old = self.end - HORIZON
+        self.nodes = {i: n for i, n in self.nodes.items()
+                      if n.state == PENDING or n.position >= old}
+        self.chain = {p: i for p, i in self.chain.items() if i in self.nodes}
+
+
+_TOP = Claim(token=-1, parent=ROOT, position=-1, state=MATCHED)  # stands for ROOT
+

@@ -143,10 +143,17 @@ class Engine:
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
         """One forward pass of a decided session: (first position, decided tokens)."""
         tokens = session.plan_pass()
+        parents = session.pass_parents(session.cache.length)
+        chain = parents == list(range(parents[0], parents[0] + len(parents)))
         t0 = time.perf_counter()
-        logits = await self.batcher.score(Request(tokens, session.cache))
+        logits = await self.batcher.score(Request(tokens, session.cache,
+                                                  None if chain else parents))
         start, new = session.finish_pass(logits.cpu().numpy(), time.perf_counter() - t0)
-        session.cache.truncate(session.kept_slots())  # the rejected drafts' slots
+        keep = session.kept_slots()
+        if keep == list(range(len(keep))):
+            session.cache.truncate(len(keep))  # a chain: the rejected drafts' slots
+        else:
+            session.cache.retain(keep)  # the walked branch, compacted
         return start, new
 
     async def extend(self, session: TreeSession, first_id: int, tokens: np.ndarray,

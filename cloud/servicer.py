@@ -26,6 +26,7 @@ from acespec.proto.codec import (
     check_more_tail,
     decode_drafts,
     decode_extend,
+    decode_grow,
     decode_serve_params,
     encode_counts,
     encode_scores,
@@ -187,7 +188,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         await self._write(context, pb.Downlink(opened=pb.Opened(
             session_id=session_id, model_id=self.engine.model_id,
             vocab_hash=self.engine.vocab_hash, k_max=params.k_max,
-            coupled=params.sampling.coupled, decides=True)))
+            coupled=params.sampling.coupled, decides=True, grows=True)))
         start = session.prompt_len
         await self._write(context, pb.Downlink(decided=self._last_decided(session, start, first)
                                                if session.done else pb.Decided(
@@ -229,9 +230,13 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             if msg is grpc.aio.EOF:
                 return True
             kind = msg.WhichOneof("msg")
+            if kind == "grow":
+                g = decode_grow(msg.grow, session.next_id)
+                session.apply_grow(g.anchor, g.parents, g.tokens)
+                continue
             if kind != "drafts":
                 raise FailedPrecondition(f"{kind or 'empty message'} in a session the verifier "
-                                         "decides: send Drafts")
+                                         "decides: send Drafts or Grow")
             d = decode_drafts(msg.drafts)
             session.apply_drafts(d.position, d.behind, d.tokens)
         return False
@@ -270,9 +275,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                         node_id=node_id, tail_token=ids.tolist(), tail_token_p=units.tolist())))
                 elif kind == "open":
                     raise FailedPrecondition("second Open on one stream; open a new stream")
-                elif kind == "drafts":
-                    raise FailedPrecondition("Drafts in a tree session: Drafts needs a session "
-                                             "opened with Open.decide; send Extend")
+                elif kind in ("drafts", "grow"):
+                    raise FailedPrecondition(f"{kind.capitalize()} in a tree session: it needs "
+                                             "a session opened with Open.decide; send Extend")
                 else:
                     raise InvalidArgument("empty Uplink message (no field of the oneof is set)")
         finally:

@@ -15,7 +15,13 @@ from acespec.edge.live_nodes import VerifierUnfit
 from acespec.proto import PROTOCOL_VERSION, SESSION_KEY
 from acespec.proto import acespec_pb2 as pb
 from acespec.proto import acespec_pb2_grpc as pb_grpc
-from acespec.proto.codec import decode_counts, decode_scores, encode_extend, encode_serve_params
+from acespec.proto.codec import (
+    decode_counts,
+    decode_scores,
+    encode_extend,
+    encode_grow,
+    encode_serve_params,
+)
 from acespec.shared.served import NodeScore, ServeParams
 
 
@@ -103,6 +109,7 @@ class CloudSession:
         self.max_live_nodes = 0
         self.bytes_up = self.bytes_down = 0  # message bytes + 14 B framing each (estimate)
         self.server_s = 0.0  # the last Scores' time at the verifier (queue + pass), seconds
+        self.grows = False  # the verifier takes Grow (tree) messages in decided sessions
         self._half_closed = False
 
     async def _write(self, msg: pb.Uplink) -> None:
@@ -150,6 +157,9 @@ class CloudSession:
         opened = (await self._read()).opened
         self.session_id, self.model_id = opened.session_id, opened.model_id
         self.max_live_nodes, self.next_id = opened.max_live_nodes, 1
+        self.grows = opened.grows
+        if opened.decides:
+            self.next_id = 0  # Grow node ids count from 0
         self._check_coupled(params, opened)
         return None if opened.decides else decode_scores(opened.root)[0]
 
@@ -164,6 +174,14 @@ class CloudSession:
         earlier drafts (see proto Drafts)."""
         await self._write(pb.Uplink(drafts=pb.Drafts(position=position, behind=behind,
                                                      tokens=list(map(int, tokens)))))
+
+    async def grow(self, anchor: int, tokens: Sequence[int], parents: Sequence[int]) -> int:
+        """Decided sessions with Opened.grows: new tree nodes (parents: node ids, or -1 for
+        the decided text up to `anchor`). Returns the first new node's id."""
+        first = self.next_id
+        await self._write(pb.Uplink(grow=encode_grow(anchor, first, tokens, parents)))
+        self.next_id += len(tokens)
+        return first
 
     async def extend(self, tokens: Sequence[int], parents: Sequence[int] | None = None,
                      commit: int | None = None) -> int:

@@ -68,6 +68,20 @@ class Drafts(_message.Message):
     tokens: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, position: _Optional[int] = ..., behind: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class Grow(_message.Message):
+    __slots__ = ("anchor", "tokens", "first_parent", "branch_index", "branch_parent")
+    ANCHOR_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_PARENT_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_PARENT_FIELD_NUMBER: _ClassVar[int]
+    anchor: int
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    first_parent: int
+    branch_index: _containers.RepeatedScalarFieldContainer[int]
+    branch_parent: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, anchor: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., first_parent: _Optional[int] = ..., branch_index: _Optional[_Iterable[int]] = ..., branch_parent: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class Extend(_message.Message):
     __slots__ = ("tokens", "branch_index", "branch_parent", "commit")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -95,18 +109,20 @@ class MoreTail(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., n: _Optional[int] = ...) -> None: ...
 
 class Uplink(_message.Message):
-    __slots__ = ("open", "extend", "commit", "more_tail", "drafts")
+    __slots__ = ("open", "extend", "commit", "more_tail", "drafts", "grow")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     EXTEND_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     MORE_TAIL_FIELD_NUMBER: _ClassVar[int]
     DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    GROW_FIELD_NUMBER: _ClassVar[int]
     open: Open
     extend: Extend
     commit: Commit
     more_tail: MoreTail
     drafts: Drafts
-    def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., extend: _Optional[_Union[Extend, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., more_tail: _Optional[_Union[MoreTail, _Mapping]] = ..., drafts: _Optional[_Union[Drafts, _Mapping]] = ...) -> None: ...
+    grow: Grow
+    def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., extend: _Optional[_Union[Extend, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., more_tail: _Optional[_Union[MoreTail, _Mapping]] = ..., drafts: _Optional[_Union[Drafts, _Mapping]] = ..., grow: _Optional[_Union[Grow, _Mapping]] = ...) -> None: ...
 
 class Scores(_message.Message):
     __slots__ = ("first_node_id", "self_p", "n_entries", "entry_id_delta", "entry_p", "tail_p", "n_tail_samples", "tail_token", "tail_token_p", "greedy_token", "server_time")
@@ -135,7 +151,7 @@ class Scores(_message.Message):
     def __init__(self, first_node_id: _Optional[int] = ..., self_p: _Optional[_Iterable[int]] = ..., n_entries: _Optional[_Iterable[int]] = ..., entry_id_delta: _Optional[_Iterable[int]] = ..., entry_p: _Optional[_Iterable[int]] = ..., tail_p: _Optional[_Iterable[int]] = ..., n_tail_samples: _Optional[_Iterable[int]] = ..., tail_token: _Optional[_Iterable[int]] = ..., tail_token_p: _Optional[_Iterable[int]] = ..., greedy_token: _Optional[_Iterable[int]] = ..., server_time: _Optional[int] = ...) -> None: ...
 
 class Opened(_message.Message):
-    __slots__ = ("session_id", "model_id", "vocab_hash", "max_live_nodes", "k_max", "root", "coupled", "decides")
+    __slots__ = ("session_id", "model_id", "vocab_hash", "max_live_nodes", "k_max", "root", "coupled", "decides", "grows")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VOCAB_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +160,7 @@ class Opened(_message.Message):
     ROOT_FIELD_NUMBER: _ClassVar[int]
     COUPLED_FIELD_NUMBER: _ClassVar[int]
     DECIDES_FIELD_NUMBER: _ClassVar[int]
+    GROWS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     model_id: str
     vocab_hash: str
@@ -152,7 +169,8 @@ class Opened(_message.Message):
     root: Scores
     coupled: bool
     decides: bool
-    def __init__(self, session_id: _Optional[str] = ..., model_id: _Optional[str] = ..., vocab_hash: _Optional[str] = ..., max_live_nodes: _Optional[int] = ..., k_max: _Optional[int] = ..., root: _Optional[_Union[Scores, _Mapping]] = ..., coupled: _Optional[bool] = ..., decides: _Optional[bool] = ...) -> None: ...
+    grows: bool
+    def __init__(self, session_id: _Optional[str] = ..., model_id: _Optional[str] = ..., vocab_hash: _Optional[str] = ..., max_live_nodes: _Optional[int] = ..., k_max: _Optional[int] = ..., root: _Optional[_Union[Scores, _Mapping]] = ..., coupled: _Optional[bool] = ..., decides: _Optional[bool] = ..., grows: _Optional[bool] = ...) -> None: ...
 
 class Decided(_message.Message):
     __slots__ = ("position", "tokens", "passes", "done", "counts")

@@ -151,6 +151,44 @@ def decode_drafts(msg: pb.Drafts) -> DraftsMsg:
     return DraftsMsg(msg.position, msg.behind, list(msg.tokens))
 
 
+@dataclass(frozen=True)
+class GrowMsg:
+    """A Grow uplink in domain form: node first_id + i has token tokens[i] and parent
+    parents[i] (a node id, or -1 for the decided text up to `anchor`)."""
+
+    anchor: int
+    first_id: int
+    tokens: list[int]  # [n]
+    parents: list[int]  # [n] node id or -1
+
+
+def encode_grow(anchor: int, first_id: int, tokens: Sequence[int],
+                parents: Sequence[int]) -> pb.Grow:
+    """Chain parents cost nothing; the first node's parent and the others are written as
+    node id + 1 (0 = the decided text at `anchor`)."""
+    idx = [i for i in range(1, len(tokens)) if parents[i] != first_id + i - 1]
+    return pb.Grow(anchor=anchor, tokens=list(map(int, tokens)), first_parent=parents[0] + 1,
+                   branch_index=idx, branch_parent=[int(parents[i]) + 1 for i in idx])
+
+
+def decode_grow(msg: pb.Grow, first_id: int) -> GrowMsg:
+    n = len(msg.tokens)
+    if n == 0:
+        raise WireError("Grow.tokens is empty")
+    if len(msg.branch_index) != len(msg.branch_parent):
+        raise WireError(f"Grow.branch_index has {len(msg.branch_index)} entries but "
+                        f"branch_parent has {len(msg.branch_parent)}")
+    parents = [msg.first_parent - 1] + [first_id + i - 1 for i in range(1, n)]
+    for i, p in zip(msg.branch_index, msg.branch_parent):
+        if not 1 <= i < n:
+            raise WireError(f"Grow.branch_index {i} is outside nodes 1..{n - 1} of the message")
+        parents[i] = p - 1
+    for i, p in enumerate(parents):
+        if p >= first_id + i:
+            raise WireError(f"Grow: parent {p} of node {first_id + i} is not an earlier node")
+    return GrowMsg(msg.anchor, first_id, list(msg.tokens), parents)
+
+
 def encode_counts(c, now: float) -> pb.DecidedCounts:
     """DecidedCounts from acespec.cloud.decided.DecidedCounts (times in microseconds)."""
     return pb.DecidedCounts(wall_us=round((now - c.opened_at) * 1e6), busy_us=round(c.busy_s * 1e6),
