@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,11 @@ class LlamaDrafterConfig:
     n_threads: int = 0  # 0 = auto: 1 below 100M parameters (sync costs more than it saves), else min(4, CPUs)
     f32_kv: bool = False  # F32 K/V (exact comparisons) instead of F16
     quiet: bool = True  # silence llama.cpp's own logging
+    # Testbed knob (--emulate-draft-ms T[,PER_TOKEN]): pad every decode call to T ms plus
+    # PER_TOKEN ms per token beyond the first, a small edge device's step time (e.g. 8 ms:
+    # a 135M Q4 model on one laptop core). 0 = run at this machine's speed.
+    emulate_ms: float = 0.0
+    emulate_per_token_ms: float = 0.0
 
 
 class DrafterError(RuntimeError):
@@ -187,15 +193,46 @@ class LlamaDrafter:
         if not context:
             raise ValueError("the drafter needs a non-empty context (at least BOS)")
         held = self._held.get(seq, [])
-        common = 0
-        for a, b in zip(held, context):
-            if a != b:
-                break
-            common += 1
+        common = _common_prefix(held, context)
         if common == len(context) == len(held) and seq in self._last:
             return self._last[seq]
         self.truncate(seq, min(common, len(context) - 1))
         return self._feed(seq, context[len(self._held.get(seq, [])):])[-1]
+
+    def next_logits_many(self, contexts: Sequence[Sequence[int]], seqs: Sequence[int]
+                         ) -> np.ndarray:
+        """Logits [k, V] after each context, its own sequence reusing what it holds; the
+        last token of every context is fed in ONE batched decode (several sequence ids per
+        batch), so growing k leaves costs about one decode, not k. Sequences must differ."""
+        if len(set(seqs)) != len(seqs):
+            raise ValueError(f"one sequence per context, got {list(seqs)}")
+        out: list[np.ndarray | None] = [None] * len(contexts)
+        last: list[tuple[int, int, int]] = []  # (index, seq, token) fed in the shared batch
+        for i, (ctx, seq) in enumerate(zip(contexts, seqs)):
+            ctx = list(ctx)
+            if not ctx:
+                raise ValueError("the drafter needs a non-empty context (at least BOS)")
+            held = self._held.get(seq, [])
+            common = _common_prefix(held, ctx)
+            if common == len(ctx) == len(held) and seq in self._last:
+                out[i] = self._last[seq]
+                continue
+            self.truncate(seq, min(common, len(ctx) - 1))
+            rest = ctx[len(self._held.get(seq, [])):]
+            if len(rest) > 1:
+                self._feed(seq, rest[:-1])
+            last.append((i, seq, rest[-1]))
+        for start in range(0, len(last), self.config.n_batch):
+            for (i, _, _), row in zip(last[start:start + self.config.n_batch],
+                                      self._feed_many(last[start:start + self.config.n_batch])):
+                out[i] = row
+        return np.stack(out)
+
+    def propose_many(self, contexts: Sequence[Sequence[int]], sampling: SamplingParams,
+                     rngs: Sequence, seqs: Sequence[int]) -> list[Draft]:
+        """One draft token after each context (batched; see next_logits_many)."""
+        rows = self.next_logits_many(contexts, seqs)
+        return [_one_draft(row, sampling, rng) for row, rng in zip(rows, rngs)]
 
     def propose(self, context: Sequence[int], n: int, sampling: SamplingParams,
                 rng: np.random.Generator, seq: int = 0) -> Draft:
@@ -215,7 +252,7 @@ class LlamaDrafter:
     def _feed(self, seq: int, tokens: list[int], all_logits: bool = False) -> np.ndarray:
         """Append tokens to `seq`'s KV in chunks of n_batch; logits [k, V] for the fed rows
         (all of them, or only the last)."""
-        ll, b, held = self._ll, self._batch, self._held.setdefault(seq, [])
+        b, held = self._batch, self._held.setdefault(seq, [])
         if len(held) + len(tokens) > self.config.n_ctx:
             raise DrafterError(f"context of {len(held) + len(tokens)} tokens exceeds "
                                f"n_ctx={self.config.n_ctx}")
@@ -228,14 +265,44 @@ class LlamaDrafter:
                 b.seq_id[i][0] = seq
                 b.logits[i] = all_logits or (last_chunk and i == len(chunk) - 1)
             b.n_tokens = len(chunk)
-            rc = ll.llama_decode(self._ctx, b)
-            if rc != 0:
-                raise DrafterError(f"llama_decode failed with code {rc} (KV full?)")
+            self._decode(len(chunk))
             rows = range(len(chunk)) if all_logits else ([len(chunk) - 1] if last_chunk else [])
             out.extend(self._logits_row(i) for i in rows)
             held.extend(chunk)
         self._last[seq] = out[-1]
         return np.stack(out)
+
+    def _feed_many(self, items: list[tuple[int, int, int]]) -> list[np.ndarray]:
+        """One decode: token t appended to sequence seq for each (_, seq, t); logits rows."""
+        b = self._batch
+        for j, (_, seq, tok) in enumerate(items):
+            held = self._held.setdefault(seq, [])
+            if len(held) + 1 > self.config.n_ctx:
+                raise DrafterError(f"context of {len(held) + 1} tokens exceeds "
+                                   f"n_ctx={self.config.n_ctx}")
+            b.token[j], b.pos[j], b.n_seq_id[j], b.logits[j] = tok, len(held), 1, True
+            b.seq_id[j][0] = seq
+        b.n_tokens = len(items)
+        self._decode(len(items))
+        rows = []
+        for j, (_, seq, tok) in enumerate(items):
+            self._held[seq].append(tok)
+            rows.append(self._logits_row(j))
+            self._last[seq] = rows[-1]
+        return rows
+
+    def _decode(self, n_tokens: int) -> None:
+        """llama_decode of the prepared batch, padded to the emulated step time if set."""
+        t0 = time.perf_counter()
+        rc = self._ll.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise DrafterError(f"llama_decode failed with code {rc} (KV full?)")
+        c = self.config
+        pad = (c.emulate_ms + c.emulate_per_token_ms * (n_tokens - 1)) / 1000
+        if pad > 0:
+            left = pad - (time.perf_counter() - t0)
+            if left > 0:
+                time.sleep(left)
 
     def _logits_row(self, i: int) -> np.ndarray:
         ptr = self._ll.llama_get_logits_ith(self._ctx, i)
@@ -250,3 +317,21 @@ class LlamaDrafter:
 
     def __del__(self):
         self.close()
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _one_draft(logits: np.ndarray, sampling: SamplingParams, rng) -> Draft:
+    """A one-token Draft from logits [V], as `propose` draws it."""
+    q = transform(logits[None], sampling)[0]
+    plain = sampling.temperature == 1.0 and not sampling.top_k and sampling.top_p == 1.0
+    ranks = q if plain else _softmax(logits)
+    tok = draw(q, sampling, rng)
+    return Draft(tokens=np.array([tok], dtype=np.int32), q=q[None], ranks=ranks[None])

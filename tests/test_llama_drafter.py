@@ -6,6 +6,8 @@ within 1e-3 (llama.cpp reorders sums; observed ~1e-5); F16 within 5e-2; Q8_0 wit
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -103,3 +105,42 @@ def test_missing_or_bad_file_is_a_clear_error(tmp_path):
     bad.write_bytes(b"not a gguf file at all")
     with pytest.raises(DrafterError, match="could not load"):
         LlamaDrafter(bad)
+
+
+def test_batched_multi_leaf_draft_equals_sequential_drafting(tiny_pair):
+    """Growing k leaves in one batched decode (several sequence ids per batch) drafts the
+    same tokens as drafting each leaf alone, and its logits agree closely."""
+    tok_dir, _, ggufs = tiny_pair
+    ids = _ids(tok_dir)
+    cfg = LlamaDrafterConfig(n_ctx=512, n_seq_max=6)
+    batched, alone = LlamaDrafter(ggufs["q8_0"], cfg), LlamaDrafter(ggufs["q8_0"], cfg)
+    greedy = SamplingParams()
+    # Four leaves of one tree: the main line and branches forked at different depths.
+    leaves = [ids[:40], ids[:30] + [7], ids[:35] + [9, 11], ids[:40] + [3]]
+    batched.next_logits(ids[:40], seq=1)
+    for seq in (2, 3, 4):
+        batched.fork(1, seq, 30 + 2 * seq)
+    ctxs = [list(c) for c in leaves]
+    for step in range(6):  # grow every leaf one token per step, all in one decode
+        rows = batched.next_logits_many(ctxs, [1, 2, 3, 4])
+        for i, ctx in enumerate(ctxs):
+            ref = alone.next_logits(ctx, seq=0)
+            assert int(rows[i].argmax()) == int(ref.argmax()), (step, i)
+            assert np.abs(rows[i] - ref).max() < 0.2
+            ctx.append(int(rows[i].argmax()))
+    drafts = batched.propose_many(ctxs, greedy, [None] * 4, [1, 2, 3, 4])
+    assert [int(d.tokens[0]) for d in drafts] == \
+        [int(alone.propose(c, 1, greedy, None).tokens[0]) for c in ctxs]
+    with pytest.raises(ValueError, match="one sequence per context"):
+        batched.next_logits_many([ids[:5], ids[:6]], [1, 1])
+
+
+def test_emulated_draft_time_pads_each_decode(tiny_pair):
+    tok_dir, _, ggufs = tiny_pair
+    ids = _ids(tok_dir)
+    slow = LlamaDrafter(ggufs["q8_0"], LlamaDrafterConfig(n_ctx=256, n_seq_max=2,
+                                                         emulate_ms=20))
+    slow.next_logits(ids[:10])
+    t0 = time.perf_counter()
+    slow.propose(ids[:10], 4, SamplingParams(), None)  # 3 decodes after the cached first
+    assert time.perf_counter() - t0 >= 0.06
