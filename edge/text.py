@@ -4,8 +4,9 @@ a tokenizer.json when the drafter has no vocabulary of its own (n-gram)."""
 from __future__ import annotations
 
 import codecs
+import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -16,17 +17,40 @@ class TextCodec:
     bos_id: int | None
     eos_id: int | None
     vocab_hash: str
+    # control tokens' text -> id ('<|im_start|>' -> 1): found in a prompt, they are that token,
+    # as with llama.cpp's parse_special and `tokenizers`' added tokens (chat templates need it)
+    specials: dict[str, int] = field(default_factory=dict)
 
     def encode(self, text: str) -> list[int]:
-        return ([self.bos_id] if self.bos_id is not None else []) + list(self.encode_fn(text))
+        """BOS (unless the text itself starts with it, as a chat template's may) + ids."""
+        ids = self._encode_specials(text)
+        bos = [self.bos_id] if self.bos_id is not None and ids[:1] != [self.bos_id] else []
+        return bos + ids
+
+    def _encode_specials(self, text: str) -> list[int]:
+        if not self.specials or not any(s in text for s in self.specials):
+            return list(self.encode_fn(text))
+        longest_first = sorted(self.specials, key=len, reverse=True)
+        ids, pos = [], 0
+        for m in re.finditer("|".join(map(re.escape, longest_first)), text):
+            ids += self.encode_fn(text[pos:m.start()]) if m.start() > pos else []
+            ids.append(self.specials[m.group()])
+            pos = m.end()
+        return ids + (list(self.encode_fn(text[pos:])) if pos < len(text) else [])
 
     def decode(self, ids: Sequence[int]) -> str:
         return b"".join(self.piece_fn(i) for i in ids).decode("utf-8", errors="replace")
 
     @classmethod
     def from_drafter(cls, drafter) -> TextCodec:
+        from acespec.shared.tokenizer import vocab_hash
+
+        table = drafter.token_table()
+        # control tokens are the ones with a name but no bytes (llama.cpp renders them empty)
+        specials = {t: i for i, t in enumerate(table)
+                    if t.startswith("<") and t.endswith(">") and drafter.piece(i) == b""}
         return cls(drafter.tokenize, drafter.piece, drafter.bos_id, drafter.eos_id,
-                   drafter.vocab_hash())
+                   vocab_hash(table), specials)
 
     @classmethod
     def from_tokenizer(cls, path: str | Path) -> TextCodec:

@@ -68,8 +68,11 @@ class Tokenizer:
         return vocab_hash(self.id_to_token_table())
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        """Token ids (special tokens written in the text are parsed); with add_bos, BOS first
+        unless the text itself starts with it (a chat template's `<|im_start|>` may be BOS)."""
         ids = self.backend.encode(text, add_special_tokens=False).ids
-        return ([self.bos_id] if add_bos and self.bos_id is not None else []) + ids
+        bos = add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]
+        return ([self.bos_id] if bos else []) + ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=True)
