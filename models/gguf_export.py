@@ -25,10 +25,13 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def export_gguf(model, tokenizer_dir: str | Path, out_path: str | Path, ftype: str = "f16",
                 name: str = "acespec-drafter", context_length: int = 4096,
-                chat_template: str | None = None) -> Path:
+                chat_template: str | None = None, tokenizer_gguf: str | Path | None = None) -> Path:
     """Write `model` (acespec.cloud.model.Transformer, arch llama, no biases) to GGUF.
 
     ftype: 'f32' | 'f16' | 'q8_0'. Norms always stay F32 (as llama.cpp's converter does).
+    tokenizer_gguf: copy every `tokenizer.*` key (vocabulary, merges, special ids, chat
+    template) from that GGUF instead of writing them from `tokenizer_dir`, so llama.cpp
+    tokenizes exactly as it does for that model.
     """
     import gguf
 
@@ -40,7 +43,10 @@ def export_gguf(model, tokenizer_dir: str | Path, out_path: str | Path, ftype: s
     out_path = Path(out_path)
     w = gguf.GGUFWriter(str(out_path), arch="llama")
     _write_hparams(w, args, name, context_length, ftype)
-    _write_tokenizer(w, Path(tokenizer_dir), args.vocab_size)
+    if tokenizer_gguf is None:
+        _write_tokenizer(w, Path(tokenizer_dir), args.vocab_size)
+    else:
+        _copy_tokenizer(w, Path(tokenizer_gguf), args.vocab_size)
     if chat_template:
         w.add_chat_template(chat_template)
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, args.num_layers)
@@ -99,6 +105,20 @@ def _write_tokenizer(w, tokenizer_dir: Path, vocab_size: int) -> None:
     if tok.eos_id is not None:
         w.add_eos_token_id(tok.eos_id)
     w.add_add_bos_token(False)  # AceSpec feeds token ids; it adds BOS itself
+
+
+def _copy_tokenizer(w, src: Path, vocab_size: int) -> None:
+    import gguf
+
+    fields = gguf.GGUFReader(str(src)).fields
+    n = len(fields["tokenizer.ggml.tokens"].data)
+    if n != vocab_size:
+        raise ValueError(f"{src} has {n} tokens, model vocab is {vocab_size}")
+    for key, f in fields.items():
+        if key.startswith("tokenizer."):
+            vtype = f.types[0]
+            sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            w.add_key_value(key, f.contents(), vtype, sub_type=sub)
 
 
 def _add_tensor(w, name: str, data: np.ndarray, ftype: str) -> None:

@@ -78,11 +78,14 @@ def cross_entropy(logits: torch.Tensor, x: torch.Tensor, step: int) -> torch.Ten
 
 
 def train(args: ModelArgs, cfg: TrainConfig, stream: np.ndarray, ckpt: Path,
-          label: str = "model", loss_fn=cross_entropy, batches=None) -> Transformer:
+          label: str = "model", loss_fn=cross_entropy, batches=None,
+          model: Transformer | None = None, forward=None) -> Transformer:
     """Train (or resume from `ckpt`) for cfg.steps; returns the model in eval mode.
-    loss_fn(logits, x, step) is the objective; batches(step) overrides the windows."""
+    loss_fn(logits, x, step) is the objective; batches(step) overrides the windows;
+    `model` is the initialised model to start from (default: init_model); forward(model,
+    x, step) replaces causal_logits(x[:, :-1]) as what loss_fn receives."""
     torch.set_num_threads(cfg.threads)
-    model = init_model(args, cfg.seed)
+    model = init_model(args, cfg.seed) if model is None else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -102,7 +105,8 @@ def train(args: ModelArgs, cfg: TrainConfig, stream: np.ndarray, ckpt: Path,
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step)
         x = batch_at(stream, cfg, step) if batches is None else batches(step)
-        loss = loss_fn(model.causal_logits(x[:, :-1]), x, step)
+        out = model.causal_logits(x[:, :-1]) if forward is None else forward(model, x, step)
+        loss = loss_fn(out, x, step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -1,0 +1,158 @@
+"""Training material and objective for the SmolLM2 drafter.
+
+Two kinds of batches, chosen per step by a seeded draw:
+- distillation: whole chats (prompt + the target's answer), length-bucketed and right-padded
+  (causal attention: padding after a sequence never reaches it); the loss is the
+  cross-entropy to the teacher's renormalised top-k at the positions that predict answer
+  tokens, the only ones a drafter is asked about (and the output layer, 49k wide, is most of
+  a step: it runs on those positions only);
+- code: windows of standard-library source, next-token cross-entropy (no teacher pass, so
+  plenty of it; it keeps the student from memorising the few hundred thousand teacher tokens).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from acespec.models.train import TrainConfig
+
+log = logging.getLogger(__name__)
+PAD = 2  # <|im_end|>: any id works, padded positions carry no loss
+
+
+@dataclass(frozen=True)
+class TeacherData:
+    ids: np.ndarray  # [n_tokens] int32 all chats concatenated
+    starts: np.ndarray  # [n_seq] int64 offset of each chat in ids
+    lengths: np.ndarray  # [n_seq] int32
+    n_prompt: np.ndarray  # [n_seq] int32 prompt tokens at the start of each chat
+    row_starts: np.ndarray  # [n_seq] int64 offset of each chat's teacher rows (length - 1)
+    top_ids: np.ndarray  # [n_rows, k] uint16
+    top_p: np.ndarray  # [n_rows, k] float16
+
+    @classmethod
+    def from_chunks(cls, chunks: dict[str, np.ndarray]) -> TeacherData:
+        lengths = chunks["lengths"]
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        rows = np.concatenate([[0], np.cumsum(lengths - 1)[:-1]]).astype(np.int64)
+        return cls(chunks["ids"], starts, lengths, chunks["n_prompt"], rows, chunks["top_ids"],
+                   chunks["top_p"])
+
+
+class Batches:
+    """batches(step) -> x [B, T + 1] int64 for train(); forward(model, x, step) -> logits
+    [N, V] at the step's scored positions; loss(logits, x, step) its objective."""
+
+    def __init__(self, teacher: TeacherData, code: np.ndarray, cfg: TrainConfig,
+                 code_frac: float):
+        self.t, self.code, self.cfg, self.code_frac = teacher, code, cfg, code_frac
+        self.max_len = cfg.seq_len + 1
+        lengths = np.minimum(teacher.lengths, self.max_len)
+        order = np.argsort(lengths, kind="stable")
+        budget = cfg.batch * cfg.seq_len  # tokens per distillation batch
+        self.buckets, cur = [], []
+        for i in order:  # consecutive by length, as many as fit the token budget
+            if cur and (len(cur) + 1) * lengths[i] > budget:
+                self.buckets.append(np.array(cur))
+                cur = []
+            cur.append(i)
+        if cur:
+            self.buckets.append(np.array(cur))
+        self._last: tuple = (-1, None, None, None)  # step, top ids, top p, scored [B, T] bool
+
+    def _bucket(self, step: int) -> np.ndarray:
+        """The chats of the step: buckets visited in a fresh seeded order every epoch."""
+        epoch, i = divmod(step, len(self.buckets))
+        perm = np.random.default_rng([self.cfg.seed, 17, epoch]).permutation(len(self.buckets))
+        return self.buckets[perm[i]]
+
+    def is_code(self, step: int) -> bool:
+        return bool(np.random.default_rng([self.cfg.seed, 29, step]).random() < self.code_frac)
+
+    def __call__(self, step: int) -> torch.Tensor:
+        if self.is_code(step):
+            rng = np.random.default_rng([self.cfg.seed, step])
+            s = rng.integers(0, len(self.code) - self.max_len, size=self.cfg.batch)
+            x = np.stack([self.code[a:a + self.max_len] for a in s]).astype(np.int64)
+            self._last = (step, None, None, torch.ones(x.shape[0], x.shape[1] - 1, dtype=bool))
+            return torch.from_numpy(x)
+        seqs = self._bucket(step)
+        t, k = self.t, self.t.top_ids.shape[1]
+        n = int(min(self.max_len, t.lengths[seqs].max()))
+        x = np.full((len(seqs), n), PAD, dtype=np.int64)
+        ids = np.zeros((len(seqs), n - 1, k), dtype=np.int64)
+        p = np.zeros((len(seqs), n - 1, k), dtype=np.float32)
+        scored = np.zeros((len(seqs), n - 1), dtype=bool)
+        for j, s in enumerate(seqs):
+            m = int(min(n, t.lengths[s]))
+            x[j, :m] = t.ids[t.starts[s]:t.starts[s] + m]
+            ids[j, :m - 1] = t.top_ids[t.row_starts[s]:t.row_starts[s] + m - 1]
+            p[j, :m - 1] = t.top_p[t.row_starts[s]:t.row_starts[s] + m - 1]
+            scored[j, min(t.n_prompt[s], m) - 1:m - 1] = True
+        sel = torch.from_numpy(scored)
+        self._last = (step, torch.from_numpy(ids)[sel], torch.from_numpy(p)[sel], sel)
+        return torch.from_numpy(x)
+
+    def forward(self, model, x: torch.Tensor, step: int) -> torch.Tensor:
+        """The model's logits [N, V] at the step's scored positions of x[:, :-1]."""
+        if self._last[0] != step:
+            raise RuntimeError("forward called for a step whose batch was not drawn last")
+        m = model.model
+        ids = x[:, :-1]
+        rope = model._rope(torch.arange(ids.shape[1]))
+        h = m.embed_tokens(ids)
+        for layer in m.layers:  # as Transformer.causal_logits, minus the full-width head
+            h = h + layer.self_attn.causal(layer.input_layernorm(h), rope)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return model.lm_head(m.norm(h[self._last[3]]))
+
+    def loss(self, logits: torch.Tensor, x: torch.Tensor, step: int) -> torch.Tensor:
+        """logits [N, V] float32 from `forward`: distillation or cross-entropy (nats/token)."""
+        last, ids, p, scored = self._last
+        if last != step:
+            raise RuntimeError("loss called for a step whose batch was not drawn last")
+        if ids is None:
+            return F.cross_entropy(logits, x[:, 1:][scored])
+        lq = torch.log_softmax(logits, dim=-1).gather(-1, ids)  # [N, k]
+        return -(p * lq).sum(-1).mean()
+
+
+def code_stream(tokenize, files: list[Path], max_tokens: int, eos: int) -> np.ndarray:
+    """[n] uint16: the files' token ids, each followed by EOS, up to max_tokens."""
+    out, n = [], 0
+    for f in files:
+        try:
+            ids = tokenize(f.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            continue
+        out.append(np.array([*ids, eos], dtype=np.uint16))
+        n += len(ids) + 1
+        if n >= max_tokens:
+            break
+    return np.concatenate(out)[:max_tokens]
+
+
+def pca_embedding(target_embd: np.ndarray, dim: int, std: float) -> np.ndarray:
+    """The target's token embedding [V, D] projected on its top `dim` principal directions,
+    scaled to per-element standard deviation `std`: [V, dim] float32. Tokens the target
+    finds alike stay alike, a head start for a student that shares the vocabulary."""
+    e = target_embd.astype(np.float32)
+    e = e - e.mean(0, keepdims=True)
+    _, _, vt = np.linalg.svd(e[:: max(1, len(e) // 16384)], full_matrices=False)
+    z = e @ vt[:dim].T
+    return (z * (std / z.std())).astype(np.float32)
+
+
+def target_embedding(gguf_path: Path) -> np.ndarray:
+    """token_embd.weight of a GGUF, dequantized: [V, D] float32."""
+    import gguf
+
+    r = gguf.GGUFReader(str(gguf_path))
+    t = next(t for t in r.tensors if t.name == "token_embd.weight")
+    return gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1, int(t.shape[0]))
