@@ -22,6 +22,9 @@ def add_parser(sub) -> None:
                    help="target: Hugging Face checkpoint folder (default: the demo target)")
     p.add_argument("--drafter", default=str(DEMO_DRAFTER),
                    help="drafter GGUF, or 'ngram' for prompt lookup (default: the demo drafter)")
+    from acespec import pairs
+
+    pairs.add_argument(p, target="model", drafter="drafter")
     p.add_argument("--depth", type=int, default=4, help="draft tokens per step (default: 4)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -39,9 +42,11 @@ class CliError(Exception):
 
 
 def _load_pair(args):
+    from acespec import pairs
     from acespec.cloud.loader import load_model, set_threads
     from acespec.shared.tokenizer import Tokenizer
 
+    pairs.apply(args)
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
         raise CliError(f"no target checkpoint at {model_dir} (need config.json); build the demo "

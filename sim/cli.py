@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from acespec import pairs
 from acespec.argtypes import number
 
 
@@ -75,12 +76,18 @@ def add_bench_parser(sub) -> None:
                    help="TESTBED step-time profile of the verifier (default: %(default)s)")
     b.add_argument("--model", default="", help="target HF folder (default: the demo target)")
     b.add_argument("--drafter", default=str(DEMO_DRAFTER))
+    pairs.add_argument(b, target="model", drafter="drafter")
     b.add_argument("--out", help="write results JSON here")
     b.add_argument("--plot", help="write PNG plots into this folder")
     b.set_defaults(func=run_bench_cli)
 
 
 def run_bench_cli(args) -> int:
+    try:
+        pairs.apply(args)
+    except pairs.PairError as e:
+        print(f"acespec bench: error: {e}", file=sys.stderr)
+        return 2
     if args.what == "calibrate":
         return _calibrate(args)
     if args.what == "sweep":

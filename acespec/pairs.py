@@ -1,0 +1,120 @@
+"""Named model pairs for `--pair NAME`: a target (Hugging Face folder, for the verifier) and a
+drafter (GGUF, for the edge) that share one tokenizer.
+
+    demo     the tiny pair shipped in models/demo (a 5M-parameter stdlib code model)
+    smollm2  SmolLM2-135M-Instruct: the target is converted from its Q4_1 GGUF on first use
+             (acespec.models.smollm2, cached); the drafter is the distilled one when
+             models/smollm2/drafter-q8_0.gguf is there, else the Q4_1 GGUF itself
+
+Each side resolves only what it needs: the verifier the target, the edge the drafter (and
+the chat template), so an edge never converts a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+NAMES = ("demo", "smollm2")
+# SmolLM2's answers end with <|im_end|> (its EOS); the chat prompt a demo shows.
+CHAT_SAMPLE = "Write a Python function that checks whether a number is prime."
+
+
+class PairError(ValueError):
+    """A --pair that cannot be used as asked (unknown name, or clashing flags)."""
+
+
+def _note(msg: str) -> None:
+    print(f"[pair] {msg}", file=sys.stderr, flush=True)
+
+
+def distilled_drafter() -> Path:
+    from acespec.models import DEMO_DIR
+
+    return DEMO_DIR.parent / "smollm2" / "drafter-q8_0.gguf"
+
+
+def target(name: str) -> Path:
+    """The pair's target checkpoint folder (SmolLM2: fetched and converted if not cached)."""
+    if name == "demo":
+        from acespec.models import DEMO_TARGET
+
+        return DEMO_TARGET
+    if name == "smollm2":
+        from acespec.models.smollm2 import ensure_target
+
+        path = ensure_target()
+        _note(f"smollm2 target: {path}")
+        return path
+    raise PairError(f"unknown pair {name!r}; choose from {', '.join(NAMES)}")
+
+
+def drafter(name: str) -> Path:
+    """The pair's drafter GGUF (SmolLM2: the distilled drafter if shipped, else the Q4_1)."""
+    if name == "demo":
+        from acespec.models import DEMO_DRAFTER
+
+        return DEMO_DRAFTER
+    if name == "smollm2":
+        if distilled_drafter().is_file():
+            _note(f"smollm2 drafter: the distilled drafter {distilled_drafter()}")
+            return distilled_drafter()
+        from acespec.models.smollm2 import ensure_gguf
+
+        path = ensure_gguf()
+        _note(f"smollm2 drafter: the target's own Q4_1 GGUF {path} (no distilled drafter "
+              "shipped yet)")
+        return path
+    raise PairError(f"unknown pair {name!r}; choose from {', '.join(NAMES)}")
+
+
+def chat_template(name: str) -> str | None:
+    """The pair's chat template (Jinja), read from the model's GGUF; None for `demo`."""
+    if name != "smollm2":
+        return None
+    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.models.smollm2 import ensure_gguf
+
+    gguf = LlamaDrafter(str(ensure_gguf()), LlamaDrafterConfig(n_ctx=16, n_seq_max=1))
+    try:
+        return gguf.chat_template()
+    finally:
+        gguf.close()
+
+
+def render_chat(template: str, user: str) -> str:
+    """The prompt text of one user message under `template`, ready for the assistant."""
+    import jinja2
+
+    return jinja2.Environment().from_string(template).render(
+        messages=[{"role": "user", "content": user}], add_generation_prompt=True,
+        bos_token="", eos_token="")
+
+
+def add_argument(p: argparse.ArgumentParser, **flags: str) -> None:
+    """Add --pair to `p`. flags maps a side ('target', 'drafter') to the dest of the flag it
+    replaces (e.g. target='model'); apply() fills those in."""
+    p.add_argument("--pair", choices=NAMES, help="a named target + drafter pair instead of "
+                   f"{' / '.join('--' + d.replace('_', '-') for d in flags.values())}: 'demo' "
+                   "(shipped) or 'smollm2' (SmolLM2-135M-Instruct, fetched and converted on "
+                   "first use)")
+    p.set_defaults(_pair_flags=dict(flags),
+                   _pair_defaults={d: p.get_default(d) for d in flags.values()})
+
+
+def apply(args: argparse.Namespace) -> None:
+    """With --pair, set the replaced flags to the pair's files; PairError if one was also
+    given explicitly. Fetches what the pair needs (with progress on stderr)."""
+    name = getattr(args, "pair", None)
+    if not name:
+        return
+    clash = [d for d in args._pair_flags.values() if getattr(args, d) != args._pair_defaults[d]]
+    if clash:
+        raise PairError(f"--pair {name} sets {', '.join('--' + c.replace('_', '-') for c in clash)}"
+                        "; pass one or the other")
+    try:
+        for side, dest in args._pair_flags.items():
+            setattr(args, dest, str({"target": target, "drafter": drafter}[side](name)))
+    except (OSError, RuntimeError) as e:  # no network, a full disk, a hash that differs
+        raise PairError(f"--pair {name}: cannot fetch its files: {e}") from None
