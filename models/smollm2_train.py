@@ -8,6 +8,11 @@ Two kinds of batches, chosen per step by a seeded draw:
   a step: it runs on those positions only);
 - code: windows of standard-library source, next-token cross-entropy (no teacher pass, so
   plenty of it; it keeps the student from memorising the few hundred thousand teacher tokens).
+
+The softmax is sampled: the output layer is evaluated on the step's candidates only, every
+token the step's targets name (teacher top-k, or next tokens) plus `n_negative` others drawn
+uniformly, whose logits get + log(others / n_negative) so their sum stands in for all of
+them. On this CPU the 49k-wide layer and its gradient are most of a step otherwise.
 """
 
 from __future__ import annotations
@@ -50,8 +55,11 @@ class Batches:
     [N, V] at the step's scored positions; loss(logits, x, step) its objective."""
 
     def __init__(self, teacher: TeacherData, code: np.ndarray, cfg: TrainConfig,
-                 code_frac: float):
+                 code_frac: float, code_rows: int = 4, code_len: int = 256,
+                 n_negative: int = 4096, vocab_size: int = 49152):
         self.t, self.code, self.cfg, self.code_frac = teacher, code, cfg, code_frac
+        self.code_rows, self.code_len = code_rows, code_len
+        self.n_negative, self.vocab_size = n_negative, vocab_size
         self.max_len = cfg.seq_len + 1
         lengths = np.minimum(teacher.lengths, self.max_len)
         order = np.argsort(lengths, kind="stable")
@@ -64,7 +72,9 @@ class Batches:
             cur.append(i)
         if cur:
             self.buckets.append(np.array(cur))
-        self._last: tuple = (-1, None, None, None)  # step, top ids, top p, scored [B, T] bool
+        # step, target ids (into the candidates), their probabilities, scored [B, T] bool,
+        # candidates [C] int64, logit correction [C] float32
+        self._last: tuple = (-1, None, None, None, None, None)
 
     def _bucket(self, step: int) -> np.ndarray:
         """The chats of the step: buckets visited in a fresh seeded order every epoch."""
@@ -78,9 +88,11 @@ class Batches:
     def __call__(self, step: int) -> torch.Tensor:
         if self.is_code(step):
             rng = np.random.default_rng([self.cfg.seed, step])
-            s = rng.integers(0, len(self.code) - self.max_len, size=self.cfg.batch)
-            x = np.stack([self.code[a:a + self.max_len] for a in s]).astype(np.int64)
-            self._last = (step, None, None, torch.ones(x.shape[0], x.shape[1] - 1, dtype=bool))
+            s = rng.integers(0, len(self.code) - self.code_len - 1, size=self.code_rows)
+            x = np.stack([self.code[a:a + self.code_len + 1] for a in s]).astype(np.int64)
+            target = x[:, 1:].reshape(-1, 1)
+            self._set(step, target, np.ones(target.shape, np.float32),
+                      np.ones((x.shape[0], x.shape[1] - 1), dtype=bool))
             return torch.from_numpy(x)
         seqs = self._bucket(step)
         t, k = self.t, self.t.top_ids.shape[1]
@@ -95,12 +107,22 @@ class Batches:
             ids[j, :m - 1] = t.top_ids[t.row_starts[s]:t.row_starts[s] + m - 1]
             p[j, :m - 1] = t.top_p[t.row_starts[s]:t.row_starts[s] + m - 1]
             scored[j, min(t.n_prompt[s], m) - 1:m - 1] = True
-        sel = torch.from_numpy(scored)
-        self._last = (step, torch.from_numpy(ids)[sel], torch.from_numpy(p)[sel], sel)
+        self._set(step, ids[scored], p[scored], scored)
         return torch.from_numpy(x)
 
+    def _set(self, step: int, ids: np.ndarray, p: np.ndarray, scored: np.ndarray) -> None:
+        """Candidates: the targets' ids plus uniform negatives; ids remapped into them."""
+        pos, inv = np.unique(ids, return_inverse=True)
+        rng = np.random.default_rng([self.cfg.seed, 31, step])
+        others = np.setdiff1d(np.arange(self.vocab_size), pos, assume_unique=True)
+        neg = rng.choice(others, size=min(self.n_negative, len(others)), replace=False)
+        corr = np.concatenate([np.zeros(len(pos)), np.full(len(neg), np.log(len(others) / max(1, len(neg))))])
+        self._last = (step, torch.from_numpy(inv.reshape(ids.shape)), torch.from_numpy(p),
+                      torch.from_numpy(scored), torch.from_numpy(np.concatenate([pos, neg])),
+                      torch.from_numpy(corr.astype(np.float32)))
+
     def forward(self, model, x: torch.Tensor, step: int) -> torch.Tensor:
-        """The model's logits [N, V] at the step's scored positions of x[:, :-1]."""
+        """The model's logits [N, C] for the step's candidates at its scored positions."""
         if self._last[0] != step:
             raise RuntimeError("forward called for a step whose batch was not drawn last")
         m = model.model
@@ -110,15 +132,16 @@ class Batches:
         for layer in m.layers:  # as Transformer.causal_logits, minus the full-width head
             h = h + layer.self_attn.causal(layer.input_layernorm(h), rope)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return model.lm_head(m.norm(h[self._last[3]]))
+        _, _, _, scored, cand, corr = self._last
+        w = model.lm_head.weight[cand]  # [C, d]
+        return F.linear(m.norm(h[scored]), w) + corr
 
     def loss(self, logits: torch.Tensor, x: torch.Tensor, step: int) -> torch.Tensor:
-        """logits [N, V] float32 from `forward`: distillation or cross-entropy (nats/token)."""
-        last, ids, p, scored = self._last
+        """logits [N, C] from `forward`: cross-entropy to the step's target distribution (the
+        teacher's top-k, or the next token with probability 1), nats per scored position."""
+        last, ids, p = self._last[:3]
         if last != step:
             raise RuntimeError("loss called for a step whose batch was not drawn last")
-        if ids is None:
-            return F.cross_entropy(logits, x[:, 1:][scored])
         lq = torch.log_softmax(logits, dim=-1).gather(-1, ids)  # [N, k]
         return -(p * lq).sum(-1).mean()
 
