@@ -23,3 +23,14 @@ def number(kind, lo=None, hi=None, lo_open=False):
         return value
     parse.__name__ = kind.__name__  # argparse names the type in some messages
     return parse
+
+
+def draft_ms(text: str) -> tuple[float, float]:
+    """--emulate-draft-ms T[,PER_TOKEN]: two non-negative milliseconds."""
+    try:
+        parts = [float(x) for x in text.split(",")]
+    except ValueError:
+        parts = []
+    if not 1 <= len(parts) <= 2 or any(not math.isfinite(x) or x < 0 for x in parts):
+        raise argparse.ArgumentTypeError(f"wants T[,PER_TOKEN] in ms, >= 0, got {text!r}")
+    return parts[0], parts[1] if len(parts) > 1 else 0.0

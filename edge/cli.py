@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 
 from acespec import pairs
-from acespec.argtypes import number
+from acespec.argtypes import draft_ms, number
+from acespec.edge.engine_types import GROW_SEQS
 
 EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REFUSED = 2, 3, 4
 MAX_DEPTH, MAX_WINDOW = 64, 1024
-MAX_CONCURRENT = 64  # sequences: 2 per generation (main + branches) + 1, within llama.cpp's cap
+MAX_CONCURRENT = 32  # sequences: 1 + GROW_SEQS per generation, + 1, within llama.cpp's 256
 U64 = 2**64 - 1  # the wire's seed is a uint64
 U32 = 2**32 - 1  # ... and top_k a uint32
 
@@ -112,6 +113,14 @@ def _add_engine_args(p, mode: str) -> None:
                    help="drafts per Extend; unset: adaptive (starts at 4, follows the link)")
     p.add_argument("--window", type=number(int, 1, MAX_WINDOW), default=None,
                    help="most live drafted nodes, >= --depth; unset: adaptive (starts at 16)")
+    p.add_argument("--no-tree", action="store_true",
+                   help="acespec sessions the verifier decides: draft one chain (no guessed "
+                   "recovery branches) instead of growing a speculation tree")
+    p.add_argument("--emulate-draft-ms", type=draft_ms, default=(0.0, 0.0),
+                   metavar="T[,PER_TOKEN]",
+                   help="TESTBED knob: pad every drafter decode to T ms (+ PER_TOKEN ms per "
+                   "token beyond the first in a batch), a small edge device's step time, "
+                   "e.g. 8 = a 135M Q4 model on one laptop core (default: off)")
     b = p.add_argument_group("state cache budgets per chunk (acespec mode; unset = derived "
                              "from the measured link and drafter)")
     amount = number(float, 0.0)
@@ -140,7 +149,7 @@ def engine_config(args, **kw):
                         cloud_nodes=args.cache_cloud_nodes)
     return EngineConfig(mode=args.mode, depth=depth, window=window, cache=cache,
                         verifier_decides=args.sampling == "coupled",
-                        adaptive=adaptive, **kw)
+                        grow_tree=not args.no_tree, adaptive=adaptive, **kw)
 
 
 def _codec_and_drafter(args):
@@ -160,7 +169,13 @@ def _codec_and_drafter(args):
                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                              ) from None
         return codec, NgramDrafter(vocab)
-    return _llama_codec_and_drafter(args.drafter, n_seq_max=2)
+    return _llama_codec_and_drafter(args.drafter, n_seq_max=1 + GROW_SEQS,
+                                    **_emulation(args))
+
+
+def _emulation(args) -> dict:
+    ms, per = args.emulate_draft_ms
+    return {"emulate_ms": ms, "emulate_per_token_ms": per}
 
 
 def _llama_codec_and_drafter(path: str, **config):
@@ -307,10 +322,11 @@ def build_service(args):
     n = args.max_concurrent
     if args.mode == "ar":  # the drafter only tokenizes
         codec, drafter = _llama_codec_and_drafter(args.drafter, n_ctx=256, n_seq_max=1)
-    else:  # each generation: a main and a branch sequence; seq 0 stays free for tools
+    else:  # each generation: a main sequence and its tree's; seq 0 stays free for tools
         per_request = args.ctx_per_request + base.drafter_reserve()
         codec, drafter = _llama_codec_and_drafter(args.drafter, n_ctx=n * per_request,
-                                                  n_seq_max=2 * n + 1)
+                                                  n_seq_max=(1 + GROW_SEQS) * n + 1,
+                                                  **_emulation(args))
     return EdgeService(codec=codec, drafter=None if args.mode == "ar" else drafter,
                        connect=lambda: channel(args.cloud, root_cert),
                        model_name=args.model_name,

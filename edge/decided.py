@@ -107,6 +107,17 @@ class DecidedDriver:
         await self.sess.drafts(len(context), behind, tokens)
         self.chain.tokens += tokens
 
+    def _take_tokens(self, tokens: list[int]) -> None:
+        """Compare decided tokens with the chain and commit them."""
+        stats = self.run.stats
+        for t in tokens:
+            verdict = self.chain.take(t)
+            stats.accepted += verdict is True
+            stats.cache.rejections += verdict is False
+            self.run._emit([t])
+            if self.run.finished:
+                break
+
     def _take(self, item) -> None:
         """Apply one downlink message (or raise the reader's error)."""
         msg = item[0] if isinstance(item, tuple) else item
@@ -120,13 +131,7 @@ class DecidedDriver:
             raise ValueError(f"Decided at position {msg.position}, expected "
                              f"{self.committed_end}")
         stats = self.run.stats
-        for t in msg.tokens:
-            verdict = self.chain.take(t)
-            stats.accepted += verdict is True
-            stats.cache.rejections += verdict is False
-            self.run._emit([t])
-            if self.run.finished:
-                break
+        self._take_tokens(msg.tokens)
         stats.target_forwards = stats.rounds = self.run.passes_before + msg.passes
         if msg.counts is not None:
             stats.add_verifier(msg.counts)

@@ -26,7 +26,8 @@ import numpy as np
 from acespec.edge.adaptive import LinkBudgets, LinkEstimate, Shape, choose_shape
 from acespec.edge.client import FRAMING, CloudSession, Tail, generate
 from acespec.edge.decided import DecidedDriver
-from acespec.edge.engine_types import EngineConfig, Stats
+from acespec.edge.engine_types import GROW_SEQS, EngineConfig, Stats
+from acespec.edge.grow_driver import GrowDriver
 from acespec.edge.live_nodes import RESERVE, VerifierLive, fit_to_grant
 from acespec.edge.spec_tree import SpecTree
 from acespec.edge.state_cache import BUDGETS, AcceptanceModel, Costs, RecoveryModel, guesses, plan
@@ -62,17 +63,22 @@ class EdgeEngine:
 
     async def generate(self, prompt: Sequence[int], cfg: EngineConfig,
                        on_tokens: Callable[[list[int], Stats], None] | None = None,
-                       seq: int = 0, branch_seq: int | None = None) -> tuple[list[int], Stats]:
+                       seq: int = 0, branch_seq: int | Sequence[int] | None = None
+                       ) -> tuple[list[int], Stats]:
         """Decode up to cfg.max_tokens after `prompt`; returns (tokens, stats). on_tokens is
         called with each newly committed token (and the running stats). `seq` is the
         drafter sequence this request may use (one per concurrent request); acespec mode
-        builds its branches on `branch_seq` (default seq + 1), which no other request may use.
+        builds its branches on `branch_seq` (default seq + 1..seq + 6; a list gives several),
+        which no other request may use.
         Raises ConnectionError when the verifier cannot be reached (soon, if it never was),
         grpc.aio.AioRpcError when it refuses, GrantTooSmall when its grant is too small."""
         if cfg.mode != "ar" and self.drafter is None:
             raise ValueError(f"mode {cfg.mode!r} needs a drafter")
+        if branch_seq is None:  # as many as the drafter has, up to GROW_SEQS
+            limit = getattr(getattr(self.drafter, "config", None), "n_seq_max", seq + 7)
+            branch_seq = list(range(seq + 1, min(seq + 1 + GROW_SEQS, limit))) or [seq + 1]
         run = _Run(self, list(prompt), cfg, on_tokens, seq,
-                   seq + 1 if branch_seq is None else branch_seq)
+                   [branch_seq] if isinstance(branch_seq, int) else list(branch_seq))
         retry = _Reconnect(cfg)
         while not run.finished:
             try:
@@ -137,9 +143,10 @@ class _Run:
     """State of one request across reconnects."""
 
     def __init__(self, engine: EdgeEngine, prompt: list[int], cfg: EngineConfig, on_tokens,
-                 seq: int, branch_seq: int):
+                 seq: int, branch_seqs: list[int]):
         self.e, self.prompt, self.cfg, self.on_tokens = engine, prompt, cfg, on_tokens
-        self.seq, self.branch_seq = seq, branch_seq
+        self.seq, self.branch_seqs = seq, branch_seqs
+        self.branch_seq = branch_seqs[0]  # the tree protocol's branches
         self.acc = AcceptanceModel()
         self.rec = RecoveryModel(cfg.cache.guesses)
         self.link = LinkEstimate()
@@ -226,7 +233,8 @@ class _Run:
             if root is None:  # the verifier decides this session (greedy/coupled acespec)
                 self.passes_before = self.stats.target_forwards
                 reader = asyncio.create_task(self._read(sess, inbox))
-                await DecidedDriver(self, sess).drive(inbox)
+                driver = GrowDriver if sess.grows and self.cfg.grow_tree else DecidedDriver
+                await driver(self, sess).drive(inbox)
                 await sess.close()
                 return
             self._fit(sess.max_live_nodes or self._live_limit())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,6 +11,7 @@ from acespec.edge.state_cache import CacheConfig, CacheStats
 from acespec.shared.served import ServeParams
 
 MODES = ("ar", "sd", "pipeline", "acespec")
+GROW_SEQS = 6  # drafter sequences a request's speculation tree may use besides its main one
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,8 @@ class EngineConfig:
     backoff_s: float = 0.25  # first reconnect delay, doubled each time (max 8 s)
     connect_timeout_s: float = 3.0  # give up this soon when no session ever opened
     cache: CacheConfig = field(default_factory=CacheConfig)  # acespec mode only
+    grow_tree: bool = True  # decided sessions: a speculation tree (Grow) where the verifier
+    # takes it; False: one chain (Drafts), as before the state cache grew trees
     verifier_decides: bool = True  # acespec, greedy/coupled: the verifier decides (Drafts/
     # Decided); False keeps the tree protocol with the state cache's branches
     adaptive: bool = False  # depth/window follow the link (acespec.edge.adaptive); start at depth/window
@@ -32,11 +36,11 @@ class EngineConfig:
     max_window: int = 32
 
     def drafter_reserve(self) -> int:
-        """Drafter KV cells one request may need beyond prompt + max_tokens: its branch
-        sequence keeps up to a window of drafts the main one dropped, plus a guessed token
-        and the branch's drafts."""
-        return (max(self.window, self.max_window) + max(self.depth, self.max_depth)
-                + self.cache.branch_depth + 2)
+        """Drafter KV cells one request may need beyond prompt + max_tokens: each of its
+        sequences (the main one and its tree's) may hold up to a window and a chunk of
+        drafts the others do not share, plus a guessed token and a branch's drafts."""
+        per_seq = max(self.window, self.max_window) + max(self.depth, self.max_depth)
+        return (1 + GROW_SEQS) * per_seq + self.cache.branch_depth + 2
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -73,6 +77,15 @@ class Stats:
     link: dict | None = None  # the link as the adaptive shape sees it
     verifier: dict | None = None  # decided sessions: the verifier's account (summed)
     server_s: float = 0.0  # tree sessions: sum of Scores.server_time (queue + pass), s
+    tree_width: int = 0  # decided sessions with a speculation tree: most live nodes at one
+    tree_depth: int = 0  # position, and the deepest live position ahead (maxima seen)
+    started_at: float = field(default_factory=time.perf_counter)
+
+    def note_tree(self, width: int, depth: int) -> None:
+        self.tree_width, self.tree_depth = max(self.tree_width, width), max(self.tree_depth, depth)
+
+    def seconds_so_far(self) -> float:
+        return time.perf_counter() - self.started_at
 
     def add_verifier(self, counts: dict) -> None:
         """Sum the account of one decided session (one per connection attempt)."""
@@ -111,6 +124,10 @@ class Stats:
                 if self.round_trips else None,
                 "cache_hit_rate": round(self.cache.hit_rate, 3),
                 "cache_rejections": self.cache.rejections, "cache_hits": self.cache.hits,
+                "hits_restarted": self.cache.hits_restarted,
+                "tree_width": self.tree_width, "tree_depth": self.tree_depth,
+                "nodes_per_pass": round(self.verifier["drafts_scored"] / self.target_forwards, 2)
+                if self.verifier and self.target_forwards else None,
                 "branches_uploaded": self.cache.branches_uploaded,
                 "branch_nodes_scored": self.cache.branch_nodes, "budgets": self.budgets,
                 "adaptive_depth": self.depth, "adaptive_window": self.window,

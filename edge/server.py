@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from acespec.edge.engine import EdgeEngine, EngineConfig, Stats
+from acespec.edge.engine_types import GROW_SEQS
 from acespec.edge.openai_types import (
     ApiError,
     CompletionRequest,
@@ -46,7 +47,7 @@ class EdgeService:
     chat_template: str | None = None
     token: str | None = None
     metrics: object | None = None
-    max_concurrent: int = 8  # generations at once (main sequences 1..N, branches N+1..2N)
+    max_concurrent: int = 8  # generations at once (main sequences 1..N, then GROW_SEQS each)
     ctx_per_request: int = 2048  # most prompt + max_tokens tokens of one generation
     max_queue: int = 64  # generations waiting for a sequence
     free_seqs: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -118,12 +119,14 @@ class EdgeService:
         """Give `seq` back (its KV and its branch sequence's freed first)."""
         if self.drafter is not None and hasattr(self.drafter, "drop"):
             self.drafter.drop(seq)
-            self.drafter.drop(self.branch_seq(seq))
+            for branch in self.branch_seq(seq):
+                self.drafter.drop(branch)
         self.free_seqs.put_nowait(seq)
 
-    def branch_seq(self, seq: int) -> int:
+    def branch_seq(self, seq: int) -> list[int]:
         """Where the generation on `seq` builds its branches: its own, no one else's."""
-        return seq + self.max_concurrent
+        first = self.max_concurrent + 1 + (seq - 1) * GROW_SEQS
+        return list(range(first, first + GROW_SEQS))
 
     def render_chat(self, messages: list[dict]) -> str:
         if not self.chat_template:

@@ -101,6 +101,7 @@ class CacheStats:
     hits: int = 0
     branches_uploaded: int = 0
     branch_nodes: int = 0
+    hits_restarted: int = 0  # hits after which the verifier had nothing to continue with
 
     @property
     def hit_rate(self) -> float:

@@ -164,11 +164,13 @@ class GrowMsg:
 
 def encode_grow(anchor: int, first_id: int, tokens: Sequence[int],
                 parents: Sequence[int]) -> pb.Grow:
-    """Chain parents cost nothing; the first node's parent and the others are written as
-    node id + 1 (0 = the decided text at `anchor`)."""
+    """Chain parents cost nothing; the first node's parent and the exceptions are written
+    as how far back they are (small varints; 0 = the decided text at `anchor`)."""
+    def back(i: int) -> int:
+        return 0 if parents[i] < 0 else first_id + i - parents[i]
     idx = [i for i in range(1, len(tokens)) if parents[i] != first_id + i - 1]
-    return pb.Grow(anchor=anchor, tokens=list(map(int, tokens)), first_parent=parents[0] + 1,
-                   branch_index=idx, branch_parent=[int(parents[i]) + 1 for i in idx])
+    return pb.Grow(anchor=anchor, tokens=list(map(int, tokens)), first_parent=back(0),
+                   branch_index=idx, branch_parent=[back(i) for i in idx])
 
 
 def decode_grow(msg: pb.Grow, first_id: int) -> GrowMsg:
@@ -178,14 +180,18 @@ def decode_grow(msg: pb.Grow, first_id: int) -> GrowMsg:
     if len(msg.branch_index) != len(msg.branch_parent):
         raise WireError(f"Grow.branch_index has {len(msg.branch_index)} entries but "
                         f"branch_parent has {len(msg.branch_parent)}")
-    parents = [msg.first_parent - 1] + [first_id + i - 1 for i in range(1, n)]
-    for i, p in zip(msg.branch_index, msg.branch_parent):
+    backs = {0: msg.first_parent}
+    for i, k in zip(msg.branch_index, msg.branch_parent):
         if not 1 <= i < n:
             raise WireError(f"Grow.branch_index {i} is outside nodes 1..{n - 1} of the message")
-        parents[i] = p - 1
-    for i, p in enumerate(parents):
-        if p >= first_id + i:
-            raise WireError(f"Grow: parent {p} of node {first_id + i} is not an earlier node")
+        backs[i] = k
+    parents = []
+    for i in range(n):
+        k = backs.get(i, 1)
+        if k > first_id + i:
+            raise WireError(f"Grow: node {first_id + i}'s parent is {k} nodes back, before "
+                            "node 0")
+        parents.append(-1 if k == 0 else first_id + i - k)
     return GrowMsg(msg.anchor, first_id, list(msg.tokens), parents)
 
 

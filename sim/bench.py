@@ -20,6 +20,7 @@ import numpy as np
 from acespec.sim.stages import LinkSpec, parse_rate, parse_time
 
 MODES = ("ar", "sd", "pipeline", "acespec")
+BENCH_MODES = MODES + ("acespec-chain",)  # acespec with one drafted chain, no tree
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class BenchConfig:
     temperature: float = 0.0
     sampling: str = "coupled"  # with temperature > 0: "coupled" | "exact"
     emulate: str = "40,0.5"  # the verifier's --emulate-step-ms profile
+    emulate_draft: tuple[float, float] = (0.0, 0.0)  # the edge's --emulate-draft-ms profile
     per_category: int = 10  # prompts per category
     seed: int = 0
 
@@ -71,7 +73,8 @@ async def run_bench(cfg: BenchConfig, model_dir: str, drafter_path: str,
     from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
     from acespec.edge.text import TextCodec
 
-    drafter = LlamaDrafter(drafter_path, LlamaDrafterConfig(n_seq_max=2))
+    drafter = LlamaDrafter(drafter_path, LlamaDrafterConfig(
+        n_seq_max=8, emulate_ms=cfg.emulate_draft[0], emulate_per_token_ms=cfg.emulate_draft[1]))
     codec = TextCodec.from_drafter(drafter)
     state = {"records": [], "total": len(cfg.links) * len(cfg.modes) * len(prompts), "done": 0}
     serve = _verifier_in_netns if cfg.netns else _verifier_in_process
@@ -168,7 +171,8 @@ async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, 
             edge = EdgeEngine(lambda ch=ch: ch, codec.vocab_hash,
                               None if mode == "ar" else drafter, owns_channels=False)
             for p in prompts:
-                ecfg = EngineConfig(mode=mode, depth=cfg.depth, window=cfg.window,
+                ecfg = EngineConfig(mode=mode.split("-")[0], grow_tree=mode != "acespec-chain",
+                                    depth=cfg.depth, window=cfg.window,
                                     adaptive=cfg.adaptive,
                                     serve=ServeParams(SamplingParams(
                                         cfg.temperature, coupled=cfg.sampling == "coupled")),

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from acespec import pairs
-from acespec.argtypes import number
+from acespec.argtypes import draft_ms, number
 
 
 def add_parser(sub) -> None:
@@ -56,7 +56,9 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--depths", default="2,4,8", help="sweep: draft depths")
     b.add_argument("--link", default="50kbit:50ms", help="RATE:RTT list, or 'loopback' "
                    "(default: %(default)s)")
-    b.add_argument("--modes", default="ar,sd,pipeline,acespec")
+    b.add_argument("--modes", default="ar,sd,pipeline,acespec",
+                   help="comma-separated, from: ar, sd, pipeline, acespec, acespec-chain "
+                   "(acespec with one drafted chain instead of the speculation tree)")
     b.add_argument("--prompts", help="JSONL of {id, category, prompt} (default: shipped set)")
     b.add_argument("--per-category", type=number(int, 1), default=10,
                    help="prompts per category")
@@ -74,6 +76,10 @@ def add_bench_parser(sub) -> None:
                    "(rejection sampling at the edge) (default: %(default)s)")
     b.add_argument("--emulate-step-ms", default="40,0.5", metavar="T0[,PER_NODE]",
                    help="TESTBED step-time profile of the verifier (default: %(default)s)")
+    b.add_argument("--emulate-draft-ms", type=draft_ms, default=(0.0, 0.0),
+                   metavar="T[,PER_TOKEN]",
+                   help="TESTBED profile of the edge: pad each drafter decode to T ms "
+                   "(+ PER_TOKEN ms per extra token in a batch) (default: off)")
     b.add_argument("--model", default="", help="target HF folder (default: the demo target)")
     b.add_argument("--drafter", default=str(DEMO_DRAFTER))
     pairs.add_argument(b, target="model", drafter="drafter")
@@ -96,6 +102,7 @@ def run_bench_cli(args) -> int:
     import json
 
     from acespec.sim.bench import (
+        BENCH_MODES,
         BenchConfig,
         by_category,
         load_prompts,
@@ -112,17 +119,20 @@ def run_bench_cli(args) -> int:
                           max_tokens=args.max_tokens, depth=args.depth, window=args.window,
                           adaptive=args.adaptive, netns=args.netns,
                           temperature=args.temperature, sampling=args.sampling,
-                          emulate=args.emulate_step_ms, per_category=args.per_category)
-        bad = [m for m in cfg.modes if m not in ("ar", "sd", "pipeline", "acespec")]
+                          emulate=args.emulate_step_ms, per_category=args.per_category,
+                          emulate_draft=args.emulate_draft_ms)
+        bad = [m for m in cfg.modes if m not in BENCH_MODES]
         if bad:
-            raise ValueError(f"unknown modes {bad}; available: ar, sd, pipeline, acespec")
+            raise ValueError(f"unknown modes {bad}; available: {', '.join(BENCH_MODES)}")
         prompts = load_prompts(args.prompts, args.per_category)
     except (ValueError, OSError) as e:
         print(f"acespec bench: error: {e}", file=sys.stderr)
         return 2
     records = asyncio.run(run_bench(cfg, args.model, args.drafter, prompts, progress_bar))
     summary, cats = summarize(records, cfg), by_category(records)
-    print(f"profile: --emulate-step-ms {cfg.emulate}, depth {cfg.depth}, window {cfg.window}"
+    draft = ",".join(f"{x:g}" for x in cfg.emulate_draft) if any(cfg.emulate_draft) else "off"
+    print(f"profile: --emulate-step-ms {cfg.emulate}, --emulate-draft-ms {draft}, "
+          f"depth {cfg.depth}, window {cfg.window}"
           f"{' (adaptive)' if cfg.adaptive else ''}, "
           f"{len(prompts)} prompts, {cfg.max_tokens} tokens each, temperature {cfg.temperature}"
           f"{f' ({cfg.sampling} sampling)' if cfg.temperature else ''}")

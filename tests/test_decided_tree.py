@@ -98,7 +98,7 @@ def test_random_trees_decide_the_truth_and_count_every_node_once():
     """An edge that grows random trees (drafts 70 % right, guesses at random positions), a
     verifier that passes, a link that delivers in order, interleaved at random."""
     rng = np.random.default_rng(1)
-    for trial in range(300):
+    for _trial in range(300):
         want = truth([1, 2, 3], 60)
         s = session(max_tokens=int(rng.integers(5, 40)))
         committed, downlink = 3, []
@@ -128,3 +128,20 @@ def test_random_trees_decide_the_truth_and_count_every_node_once():
             assert all(s.nodes[i].state == PENDING and s.nodes[i].position >= s.end
                        for i in s.live)
         assert s.tokens[3:] == want[:len(s.tokens) - 3]
+
+
+def test_grow_messages_round_trip_and_bad_parents_are_wire_errors():
+    from acespec.proto.codec import WireError, decode_grow, encode_grow
+
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        first, n = int(rng.integers(0, 500)), int(rng.integers(1, 9))
+        parents = [int(rng.choice([-1] + list(range(first + i)))) if i == 0 or rng.random() < .5
+                   else first + i - 1 for i in range(n)]
+        toks = [int(t) for t in rng.integers(0, 4096, n)]
+        g = decode_grow(encode_grow(7, first, toks, parents), first)
+        assert (g.parents, g.tokens, g.anchor) == (parents, toks, 7)
+    msg = encode_grow(3, 0, [1, 2], [-1, 0])
+    msg.first_parent = 5  # five nodes back from node 0
+    with pytest.raises(WireError, match="before node 0"):
+        decode_grow(msg, 0)

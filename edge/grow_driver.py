@@ -1,0 +1,214 @@
+"""The edge's side of a decided session with a speculation tree (Grow; DESIGN §6).
+
+The verifier decides every token and never waits for the link (acespec.cloud.decided); the
+edge grows a tree of likely continuations beside the decided text (acespec.edge.spec_grow)
+and streams its new nodes up: the drafted line, guessed recovery tokens at the positions
+where a rejection is likely, and continuations of both. Each decided token re-roots the
+tree: an accepted draft or a hit on a guessed branch keeps the subtree below it, already
+sent and often already scored, so the pipeline flows on with no round trip; a miss drops
+the tree and growth restarts from the decided text (the verifier decodes alone meanwhile).
+Leaves are grown several per batched drafter decode, each in its own drafter sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from acespec.edge.client import CloudSession
+from acespec.edge.decided import DecidedDriver
+from acespec.edge.spec_grow import (
+    CONTINUATION,
+    HIT,
+    REJECTED,
+    GNode,
+    GrowBudget,
+    GrowCosts,
+    GrowTree,
+)
+
+ROOT = -1
+SEND_BATCH = 6  # nodes per Grow message while more growth follows (framing costs ~20 B)
+NODE_PASS_S = 5e-4  # what one more node adds to a verifier pass, roughly
+NODE_BYTES = 8.0  # uplink bytes one node costs, its share of the message framing included
+SLOW_LINK_BPS = 50e3  # assumed until the link is measured: the slow case we design for
+
+
+class GrowDriver(DecidedDriver):
+    """Runs one connection attempt of a decided session whose verifier takes Grow."""
+
+    def __init__(self, run, sess: CloudSession):
+        super().__init__(run, sess)
+        context = run.prompt + run.out
+        self.tree = GrowTree(context[-1], len(context), run.cfg.cache.guesses)
+        limit = getattr(getattr(run.e.drafter, "config", None), "n_seq_max", 1 << 30)
+        self.free = [s for s in run.branch_seqs if s != run.seq and s < limit]
+        self.tree.root.seq = run.seq
+        self.after_hit = False
+
+    async def drive(self, inbox: asyncio.Queue) -> None:
+        run = self.run
+        while not run.finished:
+            while not inbox.empty() and not run.finished:
+                self._take(inbox.get_nowait())
+            if run.finished:
+                break
+            if self._grow_step():
+                if len(self.tree.unsent) >= SEND_BATCH:
+                    await self._send()
+                continue
+            if self.tree.unsent:
+                await self._send()
+                continue
+            self._take(await inbox.get())
+        if not self.counted:
+            await self._final_counts(inbox)
+
+    # -- growth -------------------------------------------------------------------
+
+    def _grow_step(self) -> bool:
+        """Grow the most valuable leaves by one drafted token each (one batched decode).
+        False when nothing is worth growing within the budgets."""
+        run, tree = self.run, self.tree
+        self._free_dropped()
+        live = len(tree.nodes())
+        left = run.cfg.max_tokens - len(run.out)
+        budget = GrowBudget(nodes=self.window - live, kv_bytes=self._kv_room(live),
+                            uplink_bytes=self._uplink_room(), batch=1 + len(self.free))
+        if budget.nodes <= 0 or left <= 0:
+            return False
+        node_s, token_s = self._node_s(), self._token_s()
+        reach = dict(tree.leaves(max_position=tree.end + min(left, self.window) - 1))
+        cands = [(n, v) for n, p in reach.items()
+                 if (v := p * run.alpha * token_s - node_s) > 0]
+        leaves = tree.select(cands, budget, self._costs())
+        leaves = [n for n in leaves if self._seq_for(n) is not None]
+        if not leaves:
+            return False
+        contexts = [run.prompt + run.out + tree.path(n) for n in leaves]
+        t0 = time.perf_counter()
+        drafts = self._propose(contexts, [n.seq for n in leaves])
+        run._time_drafts((time.perf_counter() - t0) / len(leaves), 1)
+        run.stats.drafted += len(leaves)
+        room = budget.nodes - len(leaves)
+        for n, d in zip(leaves, drafts):
+            ranks = d.q[0] if d.ranks is None else d.ranks[0]
+            made = tree.expand(n, int(d.tokens[0]), ranks, run.acc, run.rec, room,
+                               min_odds=node_s / max(1e-9, reach[n] * token_s))
+            room -= len(made) - 1
+        run.stats.note_tree(*tree.shape())
+        return True
+
+    def _propose(self, contexts: list[list[int]], seqs: list[int]):
+        run = self.run
+        rngs = [run._draft_rng(len(c)) for c in contexts]
+        drafter, sampling = run.e.drafter, run.cfg.serve.sampling
+        if hasattr(drafter, "propose_many"):
+            return drafter.propose_many(contexts, sampling, rngs, seqs)
+        return [drafter.propose(c, 1, sampling, r, seq=run.seq) for c, r in zip(contexts, rngs)]
+
+    def _seq_for(self, node: GNode) -> int | None:
+        """A drafter sequence for growing `node`: its own, its parent's (the drafted line
+        continues in place), or a free one forked from the nearest ancestor that has one."""
+        if node.seq is not None:
+            return node.seq
+        parent = node.parent or self.tree.root
+        if parent.seq is not None and parent.draft is node:
+            node.seq, parent.seq = parent.seq, None
+            return node.seq
+        if not self.free:
+            return None
+        node.seq = self.free.pop()
+        src = parent
+        while src is not None and src.seq is None:
+            src = src.parent
+        src_seq = src.seq if src is not None else self._any_seq()
+        drafter = self.run.e.drafter
+        if src_seq is not None and hasattr(drafter, "fork"):
+            drafter.fork(src_seq, node.seq, len(self.run.prompt) + len(self.run.out)
+                         + len(self.tree.path(parent)))
+        return node.seq
+
+    def _any_seq(self) -> int | None:
+        if self.tree.root.seq is not None:
+            return self.tree.root.seq
+        return next((n.seq for n, _ in self.tree.nodes() if n.seq is not None), None)
+
+    def _free_dropped(self) -> None:
+        """Sequences of dead nodes go back to the pool, cut to the committed text (the
+        unified KV frees their cells)."""
+        drafter, keep = self.run.e.drafter, len(self.run.prompt) + len(self.run.out)
+        while self.tree.dropped_seqs:
+            seq = self.tree.dropped_seqs.pop()
+            if hasattr(drafter, "truncate"):
+                drafter.truncate(seq, keep)
+            self.free.append(seq)
+        if self.tree.root.seq is None and self.free:  # the root needs one to grow from
+            self.tree.root.seq = self.free.pop()
+
+    def _costs(self) -> GrowCosts:
+        return GrowCosts(kv_per_token=float(getattr(self.run.e.drafter, "kv_bytes_per_token",
+                                                    4096.0)))
+
+    def _kv_room(self, live: int) -> float:
+        return self.run.cfg.cache.kv_bytes - live * self._costs().kv_per_token
+
+    def _uplink_room(self) -> float:
+        link = self.run.link
+        if not link.ready:
+            return float("inf")
+        return link.bandwidth() * (link.base_rtt() + link.step())
+
+    def _node_s(self) -> float:
+        """What one more node costs the cycle: its uplink bytes and its share of a pass."""
+        link = self.run.link
+        bw = link.bandwidth() if link.ready else SLOW_LINK_BPS / 8
+        return NODE_PASS_S + NODE_BYTES / bw
+
+    def _token_s(self) -> float:
+        """Seconds per decided token now (what a node on the accepted path saves)."""
+        v = self.run.stats
+        return max(1e-3, v.seconds_so_far() / max(1, v.tokens)) if v.tokens else 0.05
+
+    # -- uplink ---------------------------------------------------------------------
+
+    async def _send(self) -> None:
+        """Upload the unsent nodes (parents first) as one Grow, anchored at the committed
+        end: a child of the root hangs off the decided text there."""
+        tree, first = self.tree, self.sess.next_id
+        nodes = tree.unsent
+        tree.unsent = []
+        for i, n in enumerate(nodes):
+            n.nid = first + i
+        parents = [ROOT if n.parent is None or n.parent is tree.root else n.parent.nid
+                   for n in nodes]
+        await self.sess.grow(tree.end, [n.token for n in nodes], parents)
+
+        self.run.stats.cache.branch_nodes += sum(n.guess for n in nodes)
+
+    # -- downlink -------------------------------------------------------------------
+
+    def _apply_token(self, t: int) -> None:
+        run, tree, stats = self.run, self.tree, self.run.stats
+        root = tree.root
+        if root.draft is not None:
+            run.acc.update(root.conf, root.draft.token == t)
+            run.alpha += 0.05 * ((root.draft.token == t) - run.alpha)
+        verdict = tree.take(t)
+        if verdict in (HIT, REJECTED):
+            stats.cache.rejections += 1
+            run.rec.observe(root.alts.index(t) if t in root.alts else len(root.alts))
+        stats.cache.hits += verdict == HIT
+        stats.accepted += verdict == "accepted"
+        if self.after_hit and verdict == CONTINUATION:
+            stats.cache.hits_restarted += 1
+        self.after_hit = verdict == HIT
+
+    def _take_tokens(self, tokens: list[int]) -> None:
+
+        for t in tokens:
+            self._apply_token(t)
+            self.run._emit([t])
+            if self.run.finished:
+                break
+

@@ -1,0 +1,201 @@
+"""The speculation tree of a decided session (the state cache, DESIGN §6).
+
+The edge keeps one tree per session, rooted at its committed text: the drafted line and the
+guessed recovery branches alike are leaves that can grow. A node's value is the probability
+that its path becomes the accepted path: a drafted child multiplies its parent's by the
+calibrated P(accept) of the draft's confidence; a guessed child c (an alternative the
+drafter ranks high) by P(the draft is rejected) * P(recovered = c | rejection). Growth
+expands the leaves of highest value first, several per batched drafter decode, within the
+budgets (verifier nodes, edge KV, uplink bytes); a likely branch so keeps receiving
+continuations while its parent's verdict travels, and a hit lands on nodes already sent.
+
+Exactness does not depend on the tree: in decided sessions every token is decided by the
+verifier from (seed, position, p~); the tree only decides what gets scored in advance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from acespec.edge.allocator import Candidate, allocate
+from acespec.edge.state_cache import AcceptanceModel, RecoveryModel, guesses
+
+ACCEPTED, HIT, REJECTED, CONTINUATION = "accepted", "hit", "rejected", "continuation"
+
+
+@dataclass(eq=False)
+class GNode:
+    """One node: its token sits at `position`; `odds` is P(on the accepted path | parent)."""
+
+    token: int
+    position: int
+    parent: GNode | None
+    odds: float = 1.0
+    guess: bool = False  # a guessed recovery token (not drafted)
+    nid: int = -1  # wire node id once sent; -1 before (and for the frontier)
+    children: dict[int, GNode] = field(default_factory=dict)
+    draft: GNode | None = None  # the drafted child, once this node was expanded
+    conf: float = 1.0  # the drafter's probability of `draft` (its plain softmax)
+    alts: list[int] = field(default_factory=list)  # guessed children's tokens, by rank
+    seq: int | None = None  # drafter sequence whose KV holds this node's path
+
+    @property
+    def expanded(self) -> bool:
+        return self.draft is not None
+
+
+@dataclass(frozen=True)
+class GrowBudget:
+    """What one growth step may add (DESIGN §6's budgets, per step)."""
+
+    nodes: int  # verifier nodes still free in the window
+    kv_bytes: float  # edge drafter KV still free for new cells
+    uplink_bytes: float  # uplink bytes the link carries in one round trip
+    batch: int  # leaves one decode may grow (free drafter sequences)
+
+
+@dataclass(frozen=True)
+class GrowCosts:
+    kv_per_token: float = 4096.0  # drafter KV bytes per new cell
+    up_per_node: float = 2.0  # a token id and its share of the message
+
+
+class GrowTree:
+    """The live tree. `root` stands for the committed text (its token is the last one)."""
+
+    def __init__(self, last_token: int, end: int, guesses_per_node: int = 2):
+        self.root = GNode(last_token, end - 1, None)
+        self.guesses_per_node = guesses_per_node
+        self.unsent: list[GNode] = []  # created, not yet uploaded (parents first)
+        self.dropped_seqs: list[int] = []  # sequences of nodes that died, to free
+
+    @property
+    def end(self) -> int:
+        """The committed end: the next position to be decided."""
+        return self.root.position + 1
+
+    # -- decisions ----------------------------------------------------------------
+
+    def take(self, token: int) -> str:
+        """Apply one decided token at the committed end: the matching child becomes the
+        root (its subtree lives on); everything else dies. Returns how it went."""
+        old = self.root
+        nxt = old.children.get(token)
+        if old.draft is not None and old.draft.token == token:
+            verdict = ACCEPTED
+        elif nxt is not None:
+            verdict = HIT
+        elif old.children:
+            verdict = REJECTED
+        else:
+            verdict = CONTINUATION
+        for child in old.children.values():
+            if child is not nxt:
+                self._drop(child)
+        if nxt is None:
+            nxt = GNode(token, old.position + 1, None, seq=old.seq)
+            old.seq = None
+        elif nxt.seq is None:
+            nxt.seq, old.seq = old.seq, None
+        if old.seq is not None:
+            self.dropped_seqs.append(old.seq)
+        nxt.parent = None
+        nxt.odds = 1.0
+        self.root = nxt
+        self.unsent = [n for n in self.unsent if self._live(n)]
+        return verdict
+
+    def _drop(self, node: GNode) -> None:
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n.seq is not None:
+                self.dropped_seqs.append(n.seq)
+                n.seq = None
+            stack.extend(n.children.values())
+
+    def _live(self, node: GNode) -> bool:
+        while node.parent is not None:
+            node = node.parent
+        return node is self.root
+
+    # -- growth -------------------------------------------------------------------
+
+    def nodes(self) -> list[tuple[GNode, float]]:
+        """Every live node below the root with its path probability (parents first)."""
+        out, stack = [], [(c, c.odds) for c in self.root.children.values()]
+        while stack:
+            n, p = stack.pop()
+            out.append((n, p))
+            stack.extend((c, p * c.odds) for c in n.children.values())
+        return out
+
+    def leaves(self, max_position: int) -> list[tuple[GNode, float]]:
+        """Nodes not grown yet (the root included) with their path probability."""
+        out = [(self.root, 1.0)] if not self.root.expanded else []
+        return out + [(n, p) for n, p in self.nodes()
+                      if not n.expanded and n.position < max_position]
+
+    def select(self, cands: list[tuple[GNode, float]], budget: GrowBudget,
+               costs: GrowCosts) -> list[GNode]:
+        """The leaves to grow in one step: highest value first; when a budget binds, the
+        Lagrangian allocator (acespec.edge.allocator) picks within every budget."""
+        cands = sorted(cands, key=lambda c: -c[1])[:max(0, budget.batch)]
+        per = (costs.kv_per_token, 0.0, costs.up_per_node, 0.0, 1.0)
+        limits = (budget.kv_bytes, 1.0, budget.uplink_bytes, 1.0, float(budget.nodes))
+        need = np.array(per) * len(cands)
+        if (need <= np.array(limits)).all():
+            return [n for n, _ in cands]
+        chosen = allocate([Candidate(i, None, v, per) for i, (_, v) in enumerate(cands)],
+                          limits).selected
+        return [cands[i][0] for i in sorted(chosen)]
+
+    def expand(self, node: GNode, draft_token: int, ranks: np.ndarray, acc: AcceptanceModel,
+               rec: RecoveryModel, guess_room: int, min_odds: float = 0.0) -> list[GNode]:
+        """Add node's drafted child (drafter confidence ranks[draft] of its plain softmax
+        ranks [V]) and up to `guess_room` guessed alternatives whose odds (given the node)
+        reach min_odds. Returns the new nodes."""
+        conf = float(ranks[draft_token])
+        a = acc.p(conf)
+        node.conf = conf
+        new = [self._child(node, draft_token, a, guess=False)]
+        node.draft = new[0]
+        rest = max(1e-9, 1.0 - conf)
+        node.alts = guesses(ranks, draft_token, self.guesses_per_node)
+        for rank, c in enumerate(node.alts[:max(0, guess_room)]):
+            if c in node.children:
+                continue
+            p_c = rec.p(rank, float(ranks[c]) / rest)
+            if (1 - a) * p_c < min_odds:
+                continue
+            new.append(self._child(node, c, (1 - a) * p_c, guess=True))
+        return new
+
+    def _child(self, parent: GNode, token: int, odds: float, guess: bool) -> GNode:
+        child = parent.children.get(token)
+        if child is None:
+            child = GNode(token, parent.position + 1, parent, odds=odds, guess=guess)
+            parent.children[token] = child
+            self.unsent.append(child)
+        else:
+            child.odds = max(child.odds, odds)
+        return child
+
+    def path(self, node: GNode) -> list[int]:
+        """Tokens from below the root down to `node`, inclusive ([] for the root)."""
+        out = []
+        while node is not self.root and node is not None:
+            out.append(node.token)
+            node = node.parent
+        return out[::-1]
+
+    def shape(self) -> tuple[int, int]:
+        """(width: most live nodes at one position, depth: deepest live position ahead)."""
+        counts: dict[int, int] = {}
+        for n, _ in self.nodes():
+            counts[n.position] = counts.get(n.position, 0) + 1
+        if not counts:
+            return 0, 0
+        return max(counts.values()), max(counts) - self.root.position
