@@ -52,7 +52,7 @@ PRESETS = {
     "smollm2": DrafterPreset(
         drafter=dict(hidden_size=384, intermediate_size=1024, num_layers=4, num_heads=6,
                      num_kv_heads=2, head_dim=64, tie_word_embeddings=True),
-        train=TrainConfig(steps=1100, batch=6, seq_len=512, lr=2e-3, warmup=50,
+        train=TrainConfig(steps=900, batch=6, seq_len=512, lr=2e-3, warmup=50,
                           ckpt_every=50, log_every=10)),
     # Seconds: every stage on a handful of chats (for the test).
     "tiny": DrafterPreset(
@@ -134,10 +134,9 @@ def train_drafter(target_gguf: Path, work: Path, preset: DrafterPreset, seed: in
     args, cfg = model_args(preset), replace(preset.train, seed=seed)
     torch.set_num_threads(cfg.threads)
     model = init_model(args, seed)
-    emb = target_embedding(target_gguf)
-    with torch.no_grad():
-        model.model.embed_tokens.weight.copy_(torch.from_numpy(
-            pca_embedding(emb, args.hidden_size, float(emb.std()))))
+    with torch.no_grad():  # at init_model's scale: the target's (0.14) gives logits of ~50
+        model.model.embed_tokens.weight.copy_(torch.from_numpy(  # for the input token itself
+            pca_embedding(target_embedding(target_gguf), args.hidden_size, 0.02)))
     batches = Batches(teacher, code, cfg, preset.code_ce_frac)
     log.info("training: %d chats (%d tokens, %d answer tokens), %d distillation batches per "
              "epoch, %d code tokens", len(teacher.lengths), len(teacher.ids),
