@@ -80,6 +80,7 @@ class Stats:
     tree_width: int = 0  # decided sessions with a speculation tree: most live nodes at one
     tree_depth: int = 0  # position, and the deepest live position ahead (maxima seen)
     started_at: float = field(default_factory=time.perf_counter)
+    verdicts: dict = field(default_factory=dict)  # speculation tree: decided tokens by verdict
 
     def note_tree(self, width: int, depth: int) -> None:
         self.tree_width, self.tree_depth = max(self.tree_width, width), max(self.tree_depth, depth)
@@ -103,10 +104,13 @@ class Stats:
             return {"verifier_busy": round(v["busy_s"] / v["wall_s"], 3) if v["wall_s"] else None,
                     "dead_nodes_skipped": v["dead_skipped"],
                     "continuation_tokens": v["continuation"],
-                    "reconciled_drafts": v["drafts_reconciled"]}
+                    "reconciled_drafts": v["drafts_reconciled"],
+                    "verifier_hits": v.get("hits", 0),
+                    "hits_restarted": v.get("hits_restarted", 0)}
         busy = min(1.0, self.server_s / self.seconds) if self.seconds and self.server_s else None
         return {"verifier_busy": round(busy, 3) if busy is not None else None,
-                "dead_nodes_skipped": 0, "continuation_tokens": 0, "reconciled_drafts": 0}
+                "dead_nodes_skipped": 0, "continuation_tokens": 0, "reconciled_drafts": 0,
+                "verifier_hits": 0, "hits_restarted": self.cache.hits_restarted}
 
     def as_dict(self) -> dict:
         t = max(self.tokens, 1)
@@ -124,7 +128,7 @@ class Stats:
                 if self.round_trips else None,
                 "cache_hit_rate": round(self.cache.hit_rate, 3),
                 "cache_rejections": self.cache.rejections, "cache_hits": self.cache.hits,
-                "hits_restarted": self.cache.hits_restarted,
+                "verdicts": self.verdicts,
                 "tree_width": self.tree_width, "tree_depth": self.tree_depth,
                 "nodes_per_pass": round(self.verifier["drafts_scored"] / self.target_forwards, 2)
                 if self.verifier and self.target_forwards else None,

@@ -18,7 +18,7 @@ import time
 from acespec.edge.client import CloudSession
 from acespec.edge.decided import DecidedDriver
 from acespec.edge.spec_grow import (
-    CONTINUATION,
+    ACCEPTED,
     HIT,
     REJECTED,
     GNode,
@@ -29,7 +29,7 @@ from acespec.edge.spec_grow import (
 
 ROOT = -1
 SEND_BATCH = 6  # nodes per Grow message while more growth follows (framing costs ~20 B)
-NODE_PASS_S = 5e-4  # what one more node adds to a verifier pass, roughly
+NODE_PASS_S = 5e-4  # what one more node adds to a verifier pass (the 40,0.5 profile)
 NODE_BYTES = 8.0  # uplink bytes one node costs, its share of the message framing included
 SLOW_LINK_BPS = 50e3  # assumed until the link is measured: the slow case we design for
 
@@ -44,7 +44,6 @@ class GrowDriver(DecidedDriver):
         limit = getattr(getattr(run.e.drafter, "config", None), "n_seq_max", 1 << 30)
         self.free = [s for s in run.branch_seqs if s != run.seq and s < limit]
         self.tree.root.seq = run.seq
-        self.after_hit = False
 
     async def drive(self, inbox: asyncio.Queue) -> None:
         run = self.run
@@ -199,10 +198,8 @@ class GrowDriver(DecidedDriver):
             stats.cache.rejections += 1
             run.rec.observe(root.alts.index(t) if t in root.alts else len(root.alts))
         stats.cache.hits += verdict == HIT
-        stats.accepted += verdict == "accepted"
-        if self.after_hit and verdict == CONTINUATION:
-            stats.cache.hits_restarted += 1
-        self.after_hit = verdict == HIT
+        stats.accepted += verdict == ACCEPTED
+        stats.verdicts[verdict] = stats.verdicts.get(verdict, 0) + 1
 
     def _take_tokens(self, tokens: list[int]) -> None:
 

@@ -187,7 +187,7 @@ class Decided(_message.Message):
     def __init__(self, position: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., passes: _Optional[int] = ..., done: _Optional[bool] = ..., counts: _Optional[_Union[DecidedCounts, _Mapping]] = ...) -> None: ...
 
 class DecidedCounts(_message.Message):
-    __slots__ = ("wall_us", "busy_us", "drafts_received", "drafts_scored", "drafts_reconciled", "dead_skipped", "continuation")
+    __slots__ = ("wall_us", "busy_us", "drafts_received", "drafts_scored", "drafts_reconciled", "dead_skipped", "continuation", "hits", "hits_restarted")
     WALL_US_FIELD_NUMBER: _ClassVar[int]
     BUSY_US_FIELD_NUMBER: _ClassVar[int]
     DRAFTS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +195,8 @@ class DecidedCounts(_message.Message):
     DRAFTS_RECONCILED_FIELD_NUMBER: _ClassVar[int]
     DEAD_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     CONTINUATION_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    HITS_RESTARTED_FIELD_NUMBER: _ClassVar[int]
     wall_us: int
     busy_us: int
     drafts_received: int
@@ -202,7 +204,9 @@ class DecidedCounts(_message.Message):
     drafts_reconciled: int
     dead_skipped: int
     continuation: int
-    def __init__(self, wall_us: _Optional[int] = ..., busy_us: _Optional[int] = ..., drafts_received: _Optional[int] = ..., drafts_scored: _Optional[int] = ..., drafts_reconciled: _Optional[int] = ..., dead_skipped: _Optional[int] = ..., continuation: _Optional[int] = ...) -> None: ...
+    hits: int
+    hits_restarted: int
+    def __init__(self, wall_us: _Optional[int] = ..., busy_us: _Optional[int] = ..., drafts_received: _Optional[int] = ..., drafts_scored: _Optional[int] = ..., drafts_reconciled: _Optional[int] = ..., dead_skipped: _Optional[int] = ..., continuation: _Optional[int] = ..., hits: _Optional[int] = ..., hits_restarted: _Optional[int] = ...) -> None: ...
 
 class TailSamples(_message.Message):
     __slots__ = ("node_id", "tail_token", "tail_token_p")

@@ -200,7 +200,8 @@ def encode_counts(c, now: float) -> pb.DecidedCounts:
     return pb.DecidedCounts(wall_us=round((now - c.opened_at) * 1e6), busy_us=round(c.busy_s * 1e6),
                             drafts_received=c.drafts_received, drafts_scored=c.drafts_scored,
                             drafts_reconciled=c.drafts_reconciled,
-                            dead_skipped=c.dead_skipped(), continuation=c.continuation)
+                            dead_skipped=c.dead_skipped(), continuation=c.continuation,
+                            hits=c.hits, hits_restarted=c.hits_restarted)
 
 
 def decode_counts(msg: pb.DecidedCounts) -> dict:
@@ -208,7 +209,8 @@ def decode_counts(msg: pb.DecidedCounts) -> dict:
     return {"wall_s": msg.wall_us / 1e6, "busy_s": msg.busy_us / 1e6,
             "drafts_received": msg.drafts_received, "drafts_scored": msg.drafts_scored,
             "drafts_reconciled": msg.drafts_reconciled, "dead_skipped": msg.dead_skipped,
-            "continuation": msg.continuation}
+            "continuation": msg.continuation, "hits": msg.hits,
+            "hits_restarted": msg.hits_restarted}
 
 
 def check_more_tail(msg: pb.MoreTail) -> tuple[int, int]:
