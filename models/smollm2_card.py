@@ -38,6 +38,7 @@ files no training prompt uses):
 | drafter | prompts | {' | '.join(f'depth {k}' for k in depths)} |
 |---|---|{'---|' * len(depths)}
 {rows}
+- Teacher-forced on the held-out answers (torch, full softmax): {_forced(card)}.
 - Shape: d={d['hidden_size']}, {d['num_layers']} layers, {d['num_heads']}/{d['num_kv_heads']}
   heads of {d['head_dim']}, FFN {d['intermediate_size']}, tied embeddings, RoPE θ
   {d['rope_theta']:g}. The embedding was initialised from the target's (dequantized Q8_0
@@ -65,3 +66,10 @@ files no training prompt uses):
 def _rows(name: str, acc: dict) -> str:
     return "".join(f"| {name} | {kind} | " + " | ".join(str(v) for v in by_depth.values()) + " |\n"
                    for kind, by_depth in acc.items())
+
+
+def _forced(card: dict) -> str:
+    f = card.get("heldout_teacher_forced") or {}
+    return "; ".join(f"{kind}: distillation loss {v['distill_loss']} nats/token, the student's "
+                     f"top token is the target's {v['top1_agreement']:.0%} of the time"
+                     for kind, v in f.items())

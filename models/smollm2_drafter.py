@@ -145,6 +145,34 @@ def train_drafter(target_gguf: Path, work: Path, preset: DrafterPreset, seed: in
                  batches=batches, model=model, forward=batches.forward)
 
 
+def heldout(model, work: Path) -> dict:
+    """Teacher-forced figures on the held-out answers, full softmax: distillation loss
+    (nats per answer token) and how often the student's top token is the teacher's."""
+    import torch
+
+    from acespec.models.smollm2_corpus import load_chunks
+    from acespec.models.smollm2_train import TeacherData
+
+    out = {}
+    for kind in ("eval_chat", "eval_code"):
+        t = TeacherData.from_chunks(load_chunks(work / kind))
+        loss = agree = n = 0.0
+        for i in range(len(t.lengths)):
+            ids = torch.from_numpy(t.ids[t.starts[i]:t.starts[i] + t.lengths[i]].astype(np.int64))
+            lo, hi = int(t.n_prompt[i]) - 1, int(t.lengths[i]) - 1  # rows predicting answers
+            rows = slice(t.row_starts[i] + lo, t.row_starts[i] + hi)
+            top = torch.from_numpy(t.top_ids[rows].astype(np.int64))
+            p = torch.from_numpy(t.top_p[rows].astype(np.float32))
+            with torch.no_grad():
+                lq = torch.log_softmax(model.causal_logits(ids[None, :-1])[0, lo:hi], -1)
+            loss += float(-(p * lq.gather(-1, top)).sum())
+            agree += float((lq.argmax(-1) == top[:, 0]).sum())
+            n += hi - lo
+        out[kind.removeprefix("eval_")] = {"distill_loss": round(loss / n, 3),
+                                           "top1_agreement": round(agree / n, 3)}
+    return out
+
+
 def greedy_acceptance(drafter, chats: dict[str, np.ndarray], depth: int) -> float:
     """Mean tokens per target step (accepted + the bonus/recovered token) when `drafter`
     (an acespec LlamaDrafter) drafts `depth` tokens greedily and the target's greedy answer
@@ -211,6 +239,8 @@ def build(target_gguf: Path, out: Path, work: Path, preset_name: str = "smollm2"
                                 name="acespec-smollm2-drafter", context_length=8192,
                                 tokenizer_gguf=target_gguf)
     t0 = time.time()
+    teacher_forced = heldout(model, work)
+    log.info("held-out, teacher-forced: %s", teacher_forced)
     acc = measure(files["q8_0"], work, preset.depths)
     ref = measure(target_gguf, work, preset.depths, n_prompts=8) if preset.reference else None
     chunks = load_chunks(work / "train")
@@ -225,6 +255,7 @@ def build(target_gguf: Path, out: Path, work: Path, preset_name: str = "smollm2"
                    "top_k": preset.top_k, "eval_prompts_per_kind": preset.n_eval_prompts,
                    "eval_new_tokens": preset.eval_new},
         "greedy_acceptance": acc, "reference_target_as_drafter": ref,
+        "heldout_teacher_forced": teacher_forced,
         "minutes": {"corpus": corpus_minutes, **json.loads((work / "times.json").read_text()),
                     "measure": round((time.time() - t0) / 60, 1)},
         "files": {ft: {"name": p.name, "bytes": p.stat().st_size} for ft, p in files.items()},
