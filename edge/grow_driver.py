@@ -53,7 +53,7 @@ class GrowDriver(DecidedDriver):
             if run.finished:
                 break
             if self._grow_step():
-                if len(self.tree.unsent) >= SEND_BATCH:
+                if len(self.tree.unsent) >= SEND_BATCH or self._dry():
                     await self._send()
                 continue
             if self.tree.unsent:
@@ -62,6 +62,11 @@ class GrowDriver(DecidedDriver):
             self._take(await inbox.get())
         if not self.counted:
             await self._final_counts(inbox)
+
+    def _dry(self) -> bool:
+        """Nothing sent hangs below the root: the verifier is decoding alone, so the first
+        nodes go out at once rather than waiting for a fuller message."""
+        return all(c.nid < 0 for c in self.tree.root.children.values())
 
     # -- growth -------------------------------------------------------------------
 
