@@ -52,8 +52,9 @@ files no training prompt uses):
   teacher. Plus {c['code_tokens']:,} tokens of standard-library source for a next-token
   cross-entropy share of the batches.
 - Training: {t['steps']} steps, ~{t['batch'] * t['seq_len']:,} tokens per batch, AdamW
-  lr {t['lr']:g} cosine, one core. Loss: cross-entropy to the renormalised top-k at the
-  positions that predict answer tokens.
+  lr {t['lr']:g} cosine, one core. Loss: cross-entropy to the renormalised top-k at
+  {'the positions that predict answer tokens' if card.get('answer_only') else 'every position (prompt and answer)'},
+  sampled softmax (the step's target tokens + 4,096 uniform negatives, corrected).
 - Build time on {platform.machine()} (one core each stage, other work shared the machine):
   corpus + teacher {m.get('corpus', '?')} min, training {m.get('train', '?')} min, export and
   measurement {m.get('measure', '?')} min.

@@ -5,8 +5,9 @@ Stages, each skipped when its output exists (an interrupted build resumes):
            target (llama.cpp, Q4_1 GGUF), its top-k next-token distribution kept at every
            position as the teacher (chunked .npz, resumable by chunk);
   train    a small Llama, embedding initialised from the target's by PCA, trained on the
-           teacher's top-k (distillation) plus next-token cross-entropy on standard-library
-           code (free material: no teacher pass), checkpointed;
+           teacher's top-k (distillation, at prompt and answer positions) plus next-token
+           cross-entropy on standard-library code (free material: no teacher pass),
+           sampled softmax, checkpointed;
   export   GGUF F16 and Q8_0 with the target's tokenizer metadata (tokenizer.ggml.*,
            chat template) copied, so llama.cpp tokenizes identically;
   measure  greedy acceptance of the Q8_0 drafter against the target GGUF's greedy answers.
@@ -43,6 +44,7 @@ class DrafterPreset:
     top_k: int = 32
     corpus_minutes: float = 45.0  # stop generating after this long; train on what exists
     code_ce_frac: float = 0.25  # share of batches that are stdlib code (cross-entropy)
+    answer_only: bool = False  # distil at answer positions only (else prompts too)
     max_files: int | None = None  # stdlib files scanned for snippets
     depths: tuple[int, ...] = (2, 4, 8)
     reference: bool = True  # also measure the target GGUF as its own drafter
@@ -52,7 +54,7 @@ PRESETS = {
     "smollm2": DrafterPreset(
         drafter=dict(hidden_size=384, intermediate_size=1024, num_layers=4, num_heads=6,
                      num_kv_heads=2, head_dim=64, tie_word_embeddings=True),
-        train=TrainConfig(steps=900, batch=6, seq_len=512, lr=2e-3, warmup=50,
+        train=TrainConfig(steps=800, batch=6, seq_len=512, lr=2e-3, warmup=40,
                           ckpt_every=50, log_every=10)),
     # Seconds: every stage on a handful of chats (for the test).
     "tiny": DrafterPreset(
@@ -137,7 +139,7 @@ def train_drafter(target_gguf: Path, work: Path, preset: DrafterPreset, seed: in
     with torch.no_grad():  # at init_model's scale: the target's (0.14) gives logits of ~50
         model.model.embed_tokens.weight.copy_(torch.from_numpy(  # for the input token itself
             pca_embedding(target_embedding(target_gguf), args.hidden_size, 0.02)))
-    batches = Batches(teacher, code, cfg, preset.code_ce_frac)
+    batches = Batches(teacher, code, cfg, preset.code_ce_frac, answer_only=preset.answer_only)
     log.info("training: %d chats (%d tokens, %d answer tokens), %d distillation batches per "
              "epoch, %d code tokens", len(teacher.lengths), len(teacher.ids),
              int((teacher.lengths - teacher.n_prompt).sum()), len(batches.buckets), len(code))
@@ -247,7 +249,8 @@ def build(target_gguf: Path, out: Path, work: Path, preset_name: str = "smollm2"
     card = {
         "preset": preset_name, "seed": seed, "drafter": asdict(model_args(preset)),
         "train": asdict(replace(preset.train, seed=seed)),
-        "params": sum(p.numel() for p in model.parameters()),
+        "params": sum(p.numel() for p in model.parameters()), "answer_only": preset.answer_only,
+        "code_ce_frac": preset.code_ce_frac,
         "corpus": {"chats": int(len(chunks["lengths"])), "tokens": int(len(chunks["ids"])),
                    "answer_tokens": int((chunks["lengths"] - chunks["n_prompt"]).sum()),
                    "greedy_chats": int((chunks["temperature"] == 0).sum()),

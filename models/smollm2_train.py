@@ -3,9 +3,9 @@
 Two kinds of batches, chosen per step by a seeded draw:
 - distillation: whole chats (prompt + the target's answer), length-bucketed and right-padded
   (causal attention: padding after a sequence never reaches it); the loss is the
-  cross-entropy to the teacher's renormalised top-k at the positions that predict answer
-  tokens, the only ones a drafter is asked about (and the output layer, 49k wide, is most of
-  a step: it runs on those positions only);
+  cross-entropy to the teacher's renormalised top-k at every position (`answer_only`: only
+  where answer tokens are predicted, the positions a drafter is asked about; scoring the
+  prompts too doubles the teacher material: user text and standard-library code);
 - code: windows of standard-library source, next-token cross-entropy (no teacher pass, so
   plenty of it; it keeps the student from memorising the few hundred thousand teacher tokens).
 
@@ -56,10 +56,10 @@ class Batches:
 
     def __init__(self, teacher: TeacherData, code: np.ndarray, cfg: TrainConfig,
                  code_frac: float, code_rows: int = 4, code_len: int = 256,
-                 n_negative: int = 4096, vocab_size: int = 49152):
+                 n_negative: int = 4096, vocab_size: int = 49152, answer_only: bool = False):
         self.t, self.code, self.cfg, self.code_frac = teacher, code, cfg, code_frac
         self.code_rows, self.code_len = code_rows, code_len
-        self.n_negative, self.vocab_size = n_negative, vocab_size
+        self.n_negative, self.vocab_size, self.answer_only = n_negative, vocab_size, answer_only
         self.max_len = cfg.seq_len + 1
         lengths = np.minimum(teacher.lengths, self.max_len)
         order = np.argsort(lengths, kind="stable")
@@ -106,7 +106,7 @@ class Batches:
             x[j, :m] = t.ids[t.starts[s]:t.starts[s] + m]
             ids[j, :m - 1] = t.top_ids[t.row_starts[s]:t.row_starts[s] + m - 1]
             p[j, :m - 1] = t.top_p[t.row_starts[s]:t.row_starts[s] + m - 1]
-            scored[j, min(t.n_prompt[s], m) - 1:m - 1] = True
+            scored[j, min(t.n_prompt[s], m) - 1 if self.answer_only else 0:m - 1] = True
         self._set(step, ids[scored], p[scored], scored)
         return torch.from_numpy(x)
 
