@@ -65,7 +65,7 @@ class DecidedCounts:
     drafts_reconciled: int = 0  # drafts found equal to tokens decided before they arrived
     continuation: int = 0  # tokens decided with no draft at their position
     hits: int = 0  # walks into a later-sent sibling (a guessed recovery branch), not the first
-    hits_restarted: int = 0  # ... after which the walk ran out of nodes before a rejection
+    hits_restarted: int = 0  # ... that held no draft below the guess: decoding went on alone
 
     def dead_skipped(self) -> int:
         """Drafts never scored nor settled by comparison: behind a rejection, contradicted
@@ -107,7 +107,6 @@ class DecidedSession:
         self._in_pass: list[int] = []  # node ids fed to the pass in flight
         self._base = 0  # the KV slot of the pass's first input
         self.walked: list[int] = []  # pass indices of the nodes the last walk accepted
-        self._flowing = False  # walking a hit branch, no rejection since
 
     @property
     def end(self) -> int:
@@ -238,6 +237,7 @@ class DecidedSession:
             kids.setdefault(node.parent if node.parent in index else ROOT, {}
                             ).setdefault(node.token, nid)
         new, at, self.walked = [], ROOT, []  # walked: pass indices of the accepted nodes
+        hit = None  # the guessed node the walk entered last
         while True:
             row = rows[0] if at == ROOT else rows[1 + index[at]]
             y = decide(row, self.params, self.seed, start + len(new))
@@ -245,12 +245,12 @@ class DecidedSession:
             nxt = kids.get(at, {}).get(y)
             if nxt is None or y in self.limits.stop:
                 self.counts.continuation += at not in kids
-                self.counts.hits_restarted += self._flowing and at not in kids
-                self._flowing = False
+                # a guessed branch that held only its guess: decoding goes on alone
+                self.counts.hits_restarted += at == hit and at not in kids
                 break
             if nxt != next(iter(kids[at].values())):  # not the first child: a guess hit
                 self.counts.hits += 1
-                self._flowing = True
+                hit = nxt
             self.walked.append(index[nxt])
             at = nxt
         self.counts.passes += 1

@@ -31,6 +31,9 @@ ROOT = -1
 SEND_BATCH = 6  # nodes per Grow message while more growth follows (framing costs ~20 B)
 NODE_PASS_S = 5e-4  # what one more node adds to a verifier pass (the 40,0.5 profile)
 NODE_BYTES = 8.0  # uplink bytes one node costs, its share of the message framing included
+# A guessed child that hits saves what a miss costs: the passes the verifier decides alone
+# until the edge's new drafts arrive (measured at 50 kbit/s, 50 ms: 2.0-2.3 per rejection).
+MISS_PASSES = 2.0
 SLOW_LINK_BPS = 50e3  # assumed until the link is measured: the slow case we design for
 
 
@@ -40,10 +43,12 @@ class GrowDriver(DecidedDriver):
     def __init__(self, run, sess: CloudSession):
         super().__init__(run, sess)
         context = run.prompt + run.out
-        self.tree = GrowTree(context[-1], len(context), run.cfg.cache.guesses)
+        self.tree = GrowTree(context[-1], len(context), run.acc, run.cfg.cache.guesses)
         limit = getattr(getattr(run.e.drafter, "config", None), "n_seq_max", 1 << 30)
         self.free = [s for s in run.branch_seqs if s != run.seq and s < limit]
         self.tree.root.seq = run.seq
+        self.pass_s = 0.05  # the verifier's seconds per pass (smoothed)
+        self.last_decided: float | None = None
 
     async def drive(self, inbox: asyncio.Queue) -> None:
         run = self.run
@@ -71,35 +76,41 @@ class GrowDriver(DecidedDriver):
     # -- growth -------------------------------------------------------------------
 
     def _grow_step(self) -> bool:
-        """Grow the most valuable leaves by one drafted token each (one batched decode).
-        False when nothing is worth growing within the budgets."""
+        """Grow leaves by one drafted token each, in one batched decode: the drafted line
+        up to the window (as a chain would), and the guessed branches by value within their
+        own budget (half the window). False when nothing is worth growing."""
         run, tree = self.run, self.tree
         self._free_dropped()
-        live = len(tree.nodes())
+        nodes = tree.walk()
+        in_branches = sum(b for _, _, b in nodes)
+        line_room = self.window - (len(nodes) - in_branches)
+        branch_room = self.window // 2 - in_branches
         left = run.cfg.max_tokens - len(run.out)
-        budget = GrowBudget(nodes=self.window - live, kv_bytes=self._kv_room(live),
-                            uplink_bytes=self._uplink_room(), batch=1 + len(self.free))
-        if budget.nodes <= 0 or left <= 0:
+        if left <= 0:
             return False
-        node_s, token_s = self._node_s(), self._token_s()
-        reach = dict(tree.leaves(max_position=tree.end + min(left, self.window) - 1))
-        cands = [(n, v) for n, p in reach.items()
-                 if (v := p * run.alpha * token_s - node_s) > 0]
-        leaves = tree.select(cands, budget, self._costs())
-        leaves = [n for n in leaves if self._seq_for(n) is not None]
-        if not leaves:
-            return False
-        contexts = [run.prompt + run.out + tree.path(n) for n in leaves]
+        node_s, pass_s = self._node_s(), self.pass_s
+        # A guess that hits saves the passes a miss costs (MISS_PASSES); re-checked every
+        # step, as the calibration and the root move.
+        guessed = tree.guess(lambda p: p * MISS_PASSES * pass_s - node_s, room=branch_room)
+        branch_room -= len(guessed)
+        leaves = tree.leaves(max_position=tree.end + min(left, self.window) - 1)
+        line = [n for n, _, b in leaves if not b][:1 if line_room > 0 else 0]
+        cands = [(n, v) for n, p, b in leaves
+                 if b and (v := p * run.alpha * pass_s - node_s) > 0]
+        budget = GrowBudget(nodes=branch_room, kv_bytes=self._kv_room(len(nodes)),
+                            uplink_bytes=self._uplink_room(), batch=len(self.free))
+        grow = line + tree.select(cands, budget, self._costs())
+        grow = [n for n in grow if self._seq_for(n) is not None]
+        if not grow:
+            return bool(guessed)
+        contexts = [run.prompt + run.out + tree.path(n) for n in grow]
         t0 = time.perf_counter()
-        drafts = self._propose(contexts, [n.seq for n in leaves])
-        run._time_drafts((time.perf_counter() - t0) / len(leaves), 1)
-        run.stats.drafted += len(leaves)
-        room = budget.nodes - len(leaves)
-        for n, d in zip(leaves, drafts):
-            ranks = d.q[0] if d.ranks is None else d.ranks[0]
-            made = tree.expand(n, int(d.tokens[0]), ranks, run.acc, run.rec, room,
-                               min_odds=node_s / max(1e-9, reach[n] * token_s))
-            room -= len(made) - 1
+        drafts = self._propose(contexts, [n.seq for n in grow])
+        run._time_drafts((time.perf_counter() - t0) / len(grow), 1)
+        run.stats.drafted += len(grow)
+        for n, d in zip(grow, drafts):
+            tree.expand(n, int(d.tokens[0]), d.q[0] if d.ranks is None else d.ranks[0],
+                        run.rec)
         run.stats.note_tree(*tree.shape())
         return True
 
@@ -169,10 +180,14 @@ class GrowDriver(DecidedDriver):
         bw = link.bandwidth() if link.ready else SLOW_LINK_BPS / 8
         return NODE_PASS_S + NODE_BYTES / bw
 
-    def _token_s(self) -> float:
-        """Seconds per decided token now (what a node on the accepted path saves)."""
-        v = self.run.stats
-        return max(1e-3, v.seconds_so_far() / max(1, v.tokens)) if v.tokens else 0.05
+    def _time_pass(self) -> None:
+        """The verifier's pass time: the interval between its Decided messages (one per
+        pass). A right node where the verifier would otherwise run dry saves about a pass:
+        without it that token costs a pass of its own."""
+        now = time.perf_counter()
+        if self.last_decided is not None:
+            self.pass_s += 0.2 * (min(1.0, now - self.last_decided) - self.pass_s)
+        self.last_decided = now
 
     # -- uplink ---------------------------------------------------------------------
 
@@ -207,7 +222,7 @@ class GrowDriver(DecidedDriver):
         stats.verdicts[verdict] = stats.verdicts.get(verdict, 0) + 1
 
     def _take_tokens(self, tokens: list[int]) -> None:
-
+        self._time_pass()
         for t in tokens:
             self._apply_token(t)
             self.run._emit([t])

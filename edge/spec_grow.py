@@ -15,6 +15,7 @@ verifier from (seed, position, p~); the tree only decides what gets scored in ad
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,18 +28,19 @@ ACCEPTED, HIT, REJECTED, CONTINUATION = "accepted", "hit", "rejected", "continua
 
 @dataclass(eq=False)
 class GNode:
-    """One node: its token sits at `position`; `odds` is P(on the accepted path | parent)."""
+    """One node: its token sits at `position`."""
 
     token: int
     position: int
     parent: GNode | None
-    odds: float = 1.0
     guess: bool = False  # a guessed recovery token (not drafted)
+    p_c: float = 1.0  # a guess: P(recovered token = this | the draft beside it is rejected)
     nid: int = -1  # wire node id once sent; -1 before (and for the frontier)
     children: dict[int, GNode] = field(default_factory=dict)
     draft: GNode | None = None  # the drafted child, once this node was expanded
     conf: float = 1.0  # the drafter's probability of `draft` (its plain softmax)
-    alts: list[int] = field(default_factory=list)  # guessed children's tokens, by rank
+    alts: list[int] = field(default_factory=list)  # guessable tokens, by rank
+    alt_p: list[float] = field(default_factory=list)  # their P(recovered = it | rejection)
     seq: int | None = None  # drafter sequence whose KV holds this node's path
 
     @property
@@ -65,8 +67,10 @@ class GrowCosts:
 class GrowTree:
     """The live tree. `root` stands for the committed text (its token is the last one)."""
 
-    def __init__(self, last_token: int, end: int, guesses_per_node: int = 2):
+    def __init__(self, last_token: int, end: int, acc: AcceptanceModel,
+                 guesses_per_node: int = 2):
         self.root = GNode(last_token, end - 1, None)
+        self.acc = acc  # calibrated online by the caller: odds follow what it learns
         self.guesses_per_node = guesses_per_node
         self.unsent: list[GNode] = []  # created, not yet uploaded (parents first)
         self.dropped_seqs: list[int] = []  # sequences of nodes that died, to free
@@ -102,7 +106,6 @@ class GrowTree:
         if old.seq is not None:
             self.dropped_seqs.append(old.seq)
         nxt.parent = None
-        nxt.odds = 1.0
         self.root = nxt
         self.unsent = [n for n in self.unsent if self._live(n)]
         return verdict
@@ -125,17 +128,29 @@ class GrowTree:
 
     def nodes(self) -> list[tuple[GNode, float]]:
         """Every live node below the root with its path probability (parents first)."""
-        out, stack = [], [(c, c.odds) for c in self.root.children.values()]
+        return [(n, p) for n, p, _ in self.walk()]
+
+    def walk(self) -> list[tuple[GNode, float, bool]]:
+        """(node, path probability, under a guess?) for every live node below the root."""
+        out, stack = [], [(c, self.odds(c), c.guess) for c in self.root.children.values()]
         while stack:
-            n, p = stack.pop()
-            out.append((n, p))
-            stack.extend((c, p * c.odds) for c in n.children.values())
+            n, p, b = stack.pop()
+            out.append((n, p, b))
+            stack.extend((c, p * self.odds(c), b or c.guess) for c in n.children.values())
         return out
 
-    def leaves(self, max_position: int) -> list[tuple[GNode, float]]:
-        """Nodes not grown yet (the root included) with their path probability."""
-        out = [(self.root, 1.0)] if not self.root.expanded else []
-        return out + [(n, p) for n, p in self.nodes()
+    def odds(self, child: GNode) -> float:
+        """P(child is on the accepted path | its parent is): the parent's draft is accepted
+        with the calibrated P(accept | confidence); a guess needs a rejection and then the
+        recovered token to be it."""
+        a = self.acc.p((child.parent or self.root).conf)
+        return (1 - a) * child.p_c if child.guess else a
+
+    def leaves(self, max_position: int) -> list[tuple[GNode, float, bool]]:
+        """Nodes not grown yet (the root included): (node, path probability, under a
+        guess?). The drafted line from the root is the one leaf not under a guess."""
+        out = [(self.root, 1.0, False)] if not self.root.expanded else []
+        return out + [(n, p, b) for n, p, b in self.walk()
                       if not n.expanded and n.position < max_position]
 
     def select(self, cands: list[tuple[GNode, float]], budget: GrowBudget,
@@ -152,35 +167,38 @@ class GrowTree:
                           limits).selected
         return [cands[i][0] for i in sorted(chosen)]
 
-    def expand(self, node: GNode, draft_token: int, ranks: np.ndarray, acc: AcceptanceModel,
-               rec: RecoveryModel, guess_room: int, min_odds: float = 0.0) -> list[GNode]:
-        """Add node's drafted child (drafter confidence ranks[draft] of its plain softmax
-        ranks [V]) and up to `guess_room` guessed alternatives whose odds (given the node)
-        reach min_odds. Returns the new nodes."""
-        conf = float(ranks[draft_token])
-        a = acc.p(conf)
-        node.conf = conf
-        new = [self._child(node, draft_token, a, guess=False)]
-        node.draft = new[0]
-        rest = max(1e-9, 1.0 - conf)
+    def expand(self, node: GNode, draft_token: int, ranks: np.ndarray,
+               rec: RecoveryModel) -> GNode:
+        """Add node's drafted child; its confidence is ranks[draft] of the drafter's plain
+        softmax ranks [V]; the next most likely tokens become guessable (see guess)."""
+        node.conf = float(ranks[draft_token])
+        node.draft = self._child(node, draft_token, guess=False, p_c=1.0)
+        rest = max(1e-9, 1.0 - node.conf)
         node.alts = guesses(ranks, draft_token, self.guesses_per_node)
-        for rank, c in enumerate(node.alts[:max(0, guess_room)]):
-            if c in node.children:
-                continue
-            p_c = rec.p(rank, float(ranks[c]) / rest)
-            if (1 - a) * p_c < min_odds:
-                continue
-            new.append(self._child(node, c, (1 - a) * p_c, guess=True))
-        return new
+        node.alt_p = [rec.p(rank, float(ranks[c]) / rest) for rank, c in enumerate(node.alts)]
+        return node.draft
 
-    def _child(self, parent: GNode, token: int, odds: float, guess: bool) -> GNode:
+    def guess(self, worth: Callable[[float], float], room: int) -> list[GNode]:
+        """Add guessed children where worth(P(their path)) > 0, best first, at most `room`.
+        Re-checked every step: a node drafted early, when its path looked unlikely, gets
+        its guesses once the accepted path comes close."""
+        cands = []
+        for n, p in [(self.root, 1.0)] + self.nodes():
+            if not n.expanded:
+                continue
+            a = self.acc.p(n.conf)
+            for c, p_c in zip(n.alts, n.alt_p):
+                if c not in n.children and (v := worth(p * (1 - a) * p_c)) > 0:
+                    cands.append((v, n, c, p_c))
+        cands.sort(key=lambda x: -x[0])
+        return [self._child(n, c, guess=True, p_c=p_c) for _, n, c, p_c in cands[:max(0, room)]]
+
+    def _child(self, parent: GNode, token: int, guess: bool, p_c: float) -> GNode:
         child = parent.children.get(token)
         if child is None:
-            child = GNode(token, parent.position + 1, parent, odds=odds, guess=guess)
+            child = GNode(token, parent.position + 1, parent, guess=guess, p_c=p_c)
             parent.children[token] = child
             self.unsent.append(child)
-        else:
-            child.odds = max(child.odds, odds)
         return child
 
     def path(self, node: GNode) -> list[int]:

@@ -1,0 +1,126 @@
+"""The speculation tree end to end (edge GrowDriver + verifier over real gRPC through the
+emulated 50 kbit/s, 50 ms link): a hit on a guessed branch continues with no round trip,
+the text is cloud-only decoding's, and the drafter's memory stays within its budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("llama_cpp")
+
+from acespec.cloud.batcher import StepEmulation  # noqa: E402
+from acespec.cloud.server import ServerConfig  # noqa: E402
+from acespec.edge.client import channel  # noqa: E402
+from acespec.edge.drafter import Draft  # noqa: E402
+from acespec.edge.engine import EdgeEngine, EngineConfig  # noqa: E402
+from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
+from acespec.shared.tokenizer import Tokenizer  # noqa: E402
+from acespec.sim.proxy import LinkProxy  # noqa: E402
+from acespec.sim.stages import LinkSpec  # noqa: E402
+
+from verifier_harness import run, running_verifier  # noqa: E402
+
+
+@dataclass
+class ScriptedDrafter:
+    """Drafts the target's own greedy text, except at `wrong` positions: there it drafts a
+    wrong token but ranks the right one second (so the tree guesses it)."""
+
+    truth: list[int]  # prompt + the target's greedy continuation
+    wrong: set[int]  # positions drafted wrong
+    vocab_size: int
+
+    def _draft(self, context) -> Draft:
+        pos = len(context)
+        right = self.truth[pos] if pos < len(self.truth) else 0
+        r = np.full(self.vocab_size, 0.01 / self.vocab_size)
+        if pos in self.wrong:
+            x = (right + 1) % self.vocab_size
+            r[x], r[right] = 0.55, 0.44
+        else:
+            x = right
+            r[x] = 0.99
+        q = np.zeros(self.vocab_size)
+        q[x] = 1.0
+        return Draft(tokens=np.array([x], np.int32), q=q[None], ranks=r[None])
+
+    def propose(self, context, n, sampling, rng, seq=0) -> Draft:
+        ds = [self._draft(list(context) + [int(t) for t in self.truth[len(context):len(context) + i]])
+              for i in range(n)]
+        return Draft(np.concatenate([d.tokens for d in ds]), np.concatenate([d.q for d in ds]),
+                     np.concatenate([d.ranks for d in ds]))
+
+    def propose_many(self, contexts, sampling, rngs, seqs) -> list[Draft]:
+        return [self._draft(c) for c in contexts]
+
+
+SLOW = LinkSpec(50e3, 50e3, 0.05)  # 50 kbit/s each way, 50 ms round trip
+
+
+def _generate(model, tok, prompt, drafter, cfg, spec=SLOW, on=None):
+    """Through the emulated link, the verifier's passes padded to a big model's 40 ms
+    (+ 0.5 ms per node), as the benchmark runs it."""
+    scfg = ServerConfig(emulation=StepEmulation(40.0, 0.5))
+
+    async def go():
+        async with running_verifier(model, tok.vocab_hash(), scfg) as (_, addr):
+            host, port = addr.rsplit(":", 1)
+            proxy = LinkProxy(host, int(port), spec=spec)
+            via = f"127.0.0.1:{await proxy.start()}"
+            engine = EdgeEngine(lambda: channel(via), tok.vocab_hash(), drafter)
+            try:
+                return await engine.generate(prompt, cfg, on)
+            finally:
+                await proxy.stop()
+    return run(go())
+
+
+def test_a_hit_on_a_guessed_branch_continues_with_no_round_trip(tiny_pair):
+    tok_dir, model, _ = tiny_pair
+    tok = Tokenizer.load(tok_dir)
+    prompt = tok.encode("def main():\n")
+    cfg = EngineConfig(mode="acespec", depth=4, window=24, max_tokens=60)
+    truth, _ = _generate(model, tok, prompt, None, EngineConfig(mode="ar", max_tokens=60))
+    wrong = {len(prompt) + 36}  # after the acceptance model has seen a few verdicts
+    drafter = ScriptedDrafter(prompt + truth, wrong, model.args.vocab_size)
+    out, stats = _generate(model, tok, prompt, drafter, cfg)
+    figures = stats.as_dict()
+    assert out == truth
+    assert figures["cache_rejections"] == 1 and figures["cache_hits"] == 1
+    # The verifier walked into the guessed branch in the pass that rejected the draft, and
+    # the branch carried it on: no pass decided a token without a draft after the hit.
+    assert figures["verifier_hits"] == 1 and figures["hits_restarted"] == 0
+    chain, chain_stats = _generate(model, tok, prompt, drafter,
+                                   EngineConfig(mode="acespec", depth=4, window=24,
+                                                max_tokens=60, grow_tree=False))
+    assert chain == truth
+    assert chain_stats.as_dict()["verifier_hits"] == 0  # a chain has nothing to walk into
+
+
+def test_drafter_memory_stays_within_budget_over_a_long_generation(tiny_pair, noisy_gguf):
+    """300 tokens with the tree: the request uses only its own sequences, and none of them
+    holds more than the committed text plus a window and a chunk of drafts."""
+    tok_dir, model, _ = tiny_pair
+    tok = Tokenizer.load(tok_dir)
+    prompt = tok.encode("import os\n")
+    drafter = LlamaDrafter(noisy_gguf, LlamaDrafterConfig(n_ctx=2048, n_seq_max=8))
+    cfg = EngineConfig(mode="acespec", depth=4, window=16, max_tokens=300)
+    worst = {"extra": 0, "seqs": set()}
+
+    def on_tokens(ids, stats):
+        committed = len(prompt) + stats.tokens
+        for seq, held in drafter._held.items():
+            if held:
+                worst["seqs"].add(seq)
+                worst["extra"] = max(worst["extra"], len(held) - committed)
+
+    out, stats = _generate(model, tok, prompt, drafter, cfg, spec=LinkSpec(1e6, 1e6, 0.02),
+                           on=on_tokens)
+    assert len(out) == 300
+    assert worst["seqs"] <= set(range(8))  # seq 0 and its tree's sequences 1..7
+    assert worst["extra"] <= cfg.window + cfg.depth + 2, worst
+    assert stats.tree_width >= 2  # it did grow a tree, not a chain
