@@ -34,6 +34,7 @@ NODE_BYTES = 8.0  # uplink bytes one node costs, its share of the message framin
 # A guessed child that hits saves what a miss costs: the passes the verifier decides alone
 # until the edge's new drafts arrive (measured at 50 kbit/s, 50 ms: 2.0-2.3 per rejection).
 MISS_PASSES = 2.0
+BRANCH_SHARE = 0.5  # guessed branches may hold this share of the window
 SLOW_LINK_BPS = 50e3  # assumed until the link is measured: the slow case we design for
 
 
@@ -58,10 +59,10 @@ class GrowDriver(DecidedDriver):
             if run.finished:
                 break
             if self._grow_step():
-                if len(self.tree.unsent) >= SEND_BATCH or self._dry():
+                if len(self.tree.unsent) >= max(SEND_BATCH, self.depth):
                     await self._send()
                 continue
-            if self.tree.unsent:
+            if any(not (n.guess and not n.children) for n in self.tree.unsent):
                 await self._send()
                 continue
             self._take(await inbox.get())
@@ -78,29 +79,36 @@ class GrowDriver(DecidedDriver):
     def _grow_step(self) -> bool:
         """Grow leaves by one drafted token each, in one batched decode: the drafted line
         up to the window (as a chain would), and the guessed branches by value within their
-        own budget (half the window). False when nothing is worth growing."""
+        own budget (half the window). With no branch worth growing, the line grows a chunk
+        of `depth` drafts in one call, as a chain does. False when nothing is worth it."""
         run, tree = self.run, self.tree
         self._free_dropped()
-        nodes = tree.walk()
-        in_branches = sum(b for _, _, b in nodes)
-        line_room = self.window - (len(nodes) - in_branches)
-        branch_room = self.window // 2 - in_branches
+        walked = tree.walk()
+        in_branches = sum(b for _, _, b in walked)
+        line_room = self.window - (len(walked) - in_branches)
+        branch_room = int(self.window * BRANCH_SHARE) - in_branches
         left = run.cfg.max_tokens - len(run.out)
         if left <= 0:
             return False
         node_s, pass_s = self._node_s(), self.pass_s
         # A guess that hits saves the passes a miss costs (MISS_PASSES); re-checked every
         # step, as the calibration and the root move.
-        guessed = tree.guess(lambda p: p * MISS_PASSES * pass_s - node_s, room=branch_room)
+        guessed = tree.guess(walked, lambda p: p * MISS_PASSES * pass_s - node_s,
+                             room=branch_room)
         branch_room -= len(guessed)
-        leaves = tree.leaves(max_position=tree.end + min(left, self.window) - 1)
+        leaves = tree.leaves(walked, max_position=tree.end + min(left, self.window) - 1)
         line = [n for n, _, b in leaves if not b][:1 if line_room > 0 else 0]
+        # A guess is worth nothing without drafts below it (the verifier would decide its
+        # token anyway): its first draft carries the hit's value, deeper ones a pass each.
         cands = [(n, v) for n, p, b in leaves
-                 if b and (v := p * run.alpha * pass_s - node_s) > 0]
-        budget = GrowBudget(nodes=branch_room, kv_bytes=self._kv_room(len(nodes)),
+                 if b and (v := p * run.alpha * pass_s * (MISS_PASSES if n.guess else 1)
+                           - node_s) > 0]
+        budget = GrowBudget(nodes=branch_room, kv_bytes=self._kv_room(len(walked)),
                             uplink_bytes=self._uplink_room(), batch=len(self.free))
-        grow = line + tree.select(cands, budget, self._costs())
-        grow = [n for n in grow if self._seq_for(n) is not None]
+        branches = tree.select(cands, budget, self._costs()) if cands else []
+        if line and not branches:
+            return self._grow_line(line[0], min(self.depth, line_room, left)) or bool(guessed)
+        grow = [n for n in line + branches if self._seq_for(n) is not None]
         if not grow:
             return bool(guessed)
         contexts = [run.prompt + run.out + tree.path(n) for n in grow]
@@ -111,7 +119,24 @@ class GrowDriver(DecidedDriver):
         for n, d in zip(grow, drafts):
             tree.expand(n, int(d.tokens[0]), d.q[0] if d.ranks is None else d.ranks[0],
                         run.rec)
-        run.stats.note_tree(*tree.shape())
+        return True
+
+    def _grow_line(self, tip: GNode, n: int) -> bool:
+        """Draft n tokens after the line's tip in one drafter call (its own sequence)."""
+        run, tree = self.run, self.tree
+        if n <= 0 or self._seq_for(tip) is None:
+            return False
+        context = run.prompt + run.out + tree.path(tip)
+        t0 = time.perf_counter()
+        draft = run.e.drafter.propose(context, n, run.cfg.serve.sampling,
+                                      run._draft_rng(len(context)), seq=tip.seq)
+        run._time_drafts(time.perf_counter() - t0, len(draft))
+        run.stats.drafted += len(draft)
+        ranks = draft.q if draft.ranks is None else draft.ranks
+        node = tip
+        for tok, r in zip(draft.tokens.tolist(), ranks):
+            node = tree.expand(node, int(tok), r, run.rec)
+        node.seq, tip.seq = tip.seq, None  # the line goes on in the same sequence
         return True
 
     def _propose(self, contexts: list[list[int]], seqs: list[int]):
@@ -195,13 +220,19 @@ class GrowDriver(DecidedDriver):
         """Upload the unsent nodes (parents first) as one Grow, anchored at the committed
         end: a child of the root hangs off the decided text there."""
         tree, first = self.tree, self.sess.next_id
-        nodes = tree.unsent
-        tree.unsent = []
+        # A guess goes up with its first draft, never alone: walked into with nothing
+        # below it, it would only restart decoding (and cost bytes).
+        held = {id(n) for n in tree.unsent if n.guess and not n.children}
+        nodes = [n for n in tree.unsent if id(n) not in held]
+        tree.unsent = [n for n in tree.unsent if id(n) in held]
+        if not nodes:
+            return
         for i, n in enumerate(nodes):
             n.nid = first + i
         parents = [ROOT if n.parent is None or n.parent is tree.root else n.parent.nid
                    for n in nodes]
         await self.sess.grow(tree.end, [n.token for n in nodes], parents)
+        self.run.stats.note_tree(*tree.shape())
 
         self.run.stats.cache.branch_nodes += sum(n.guess for n in nodes)
 

@@ -320,6 +320,8 @@ class LlamaDrafter:
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    if len(a) <= len(b) and list(a) == list(b[:len(a)]):  # the usual case, at C speed
+        return len(a)
     n = 0
     for x, y in zip(a, b):
         if x != y:

@@ -131,26 +131,36 @@ class GrowTree:
         return [(n, p) for n, p, _ in self.walk()]
 
     def walk(self) -> list[tuple[GNode, float, bool]]:
-        """(node, path probability, under a guess?) for every live node below the root."""
-        out, stack = [], [(c, self.odds(c), c.guess) for c in self.root.children.values()]
+        """(node, path probability, under a guess?) for every live node below the root,
+        parents first. One pass; the calibration is read once."""
+        acc = self._accept_table()
+        out, stack = [], [(c, self._odds(c, acc), c.guess) for c in self.root.children.values()]
         while stack:
             n, p, b = stack.pop()
             out.append((n, p, b))
-            stack.extend((c, p * self.odds(c), b or c.guess) for c in n.children.values())
+            stack.extend((c, p * self._odds(c, acc), b or c.guess) for c in n.children.values())
         return out
 
     def odds(self, child: GNode) -> float:
         """P(child is on the accepted path | its parent is): the parent's draft is accepted
         with the calibrated P(accept | confidence); a guess needs a rejection and then the
         recovered token to be it."""
-        a = self.acc.p((child.parent or self.root).conf)
+        return self._odds(child, self._accept_table())
+
+    def _accept_table(self) -> list[float]:
+        return (self.acc.accepted / self.acc.total).tolist()  # [bins] P(accept) per bin
+
+    def _odds(self, child: GNode, acc: list[float]) -> float:
+        conf = (child.parent or self.root).conf
+        a = acc[min(len(acc) - 1, int(conf * len(acc)))]
         return (1 - a) * child.p_c if child.guess else a
 
-    def leaves(self, max_position: int) -> list[tuple[GNode, float, bool]]:
-        """Nodes not grown yet (the root included): (node, path probability, under a
-        guess?). The drafted line from the root is the one leaf not under a guess."""
+    def leaves(self, walked: list[tuple[GNode, float, bool]], max_position: int
+               ) -> list[tuple[GNode, float, bool]]:
+        """Nodes not grown yet (the root included) among `walked` (see walk): (node, path
+        probability, under a guess?). The drafted line is the one leaf not under a guess."""
         out = [(self.root, 1.0, False)] if not self.root.expanded else []
-        return out + [(n, p, b) for n, p, b in self.walk()
+        return out + [(n, p, b) for n, p, b in walked
                       if not n.expanded and n.position < max_position]
 
     def select(self, cands: list[tuple[GNode, float]], budget: GrowBudget,
@@ -178,20 +188,23 @@ class GrowTree:
         node.alt_p = [rec.p(rank, float(ranks[c]) / rest) for rank, c in enumerate(node.alts)]
         return node.draft
 
-    def guess(self, worth: Callable[[float], float], room: int) -> list[GNode]:
+    def guess(self, walked: list[tuple[GNode, float, bool]], worth: Callable[[float], float],
+              room: int) -> list[GNode]:
         """Add guessed children where worth(P(their path)) > 0, best first, at most `room`.
         Re-checked every step: a node drafted early, when its path looked unlikely, gets
         its guesses once the accepted path comes close."""
-        cands = []
-        for n, p in [(self.root, 1.0)] + self.nodes():
+        if room <= 0:
+            return []
+        cands, acc = [], self._accept_table()
+        for n, p, _ in [(self.root, 1.0, False)] + walked:
             if not n.expanded:
                 continue
-            a = self.acc.p(n.conf)
+            a = acc[min(len(acc) - 1, int(n.conf * len(acc)))]
             for c, p_c in zip(n.alts, n.alt_p):
                 if c not in n.children and (v := worth(p * (1 - a) * p_c)) > 0:
                     cands.append((v, n, c, p_c))
         cands.sort(key=lambda x: -x[0])
-        return [self._child(n, c, guess=True, p_c=p_c) for _, n, c, p_c in cands[:max(0, room)]]
+        return [self._child(n, c, guess=True, p_c=p_c) for _, n, c, p_c in cands[:room]]
 
     def _child(self, parent: GNode, token: int, guess: bool, p_c: float) -> GNode:
         child = parent.children.get(token)

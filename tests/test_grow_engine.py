@@ -1,6 +1,7 @@
-"""The speculation tree end to end (edge GrowDriver + verifier over real gRPC through the
-emulated 50 kbit/s, 50 ms link): a hit on a guessed branch continues with no round trip,
-the text is cloud-only decoding's, and the drafter's memory stays within its budget."""
+"""The speculation tree end to end (edge GrowDriver + verifier over real gRPC through an
+emulated link, the verifier's passes padded to 40 ms): a hit on a guessed branch continues
+in the pass that rejected the draft, with no round trip; the text is cloud-only decoding's;
+the drafter's memory stays within its budget."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class ScriptedDrafter:
 
 
 SLOW = LinkSpec(50e3, 50e3, 0.05)  # 50 kbit/s each way, 50 ms round trip
+FAST = LinkSpec(1e6, 1e6, 0.02)  # 1 Mbit/s, 20 ms: the edge keeps up with a perfect drafter
 
 
 def _generate(model, tok, prompt, drafter, cfg, spec=SLOW, on=None):
@@ -87,14 +89,14 @@ def test_a_hit_on_a_guessed_branch_continues_with_no_round_trip(tiny_pair):
     truth, _ = _generate(model, tok, prompt, None, EngineConfig(mode="ar", max_tokens=60))
     wrong = {len(prompt) + 36}  # after the acceptance model has seen a few verdicts
     drafter = ScriptedDrafter(prompt + truth, wrong, model.args.vocab_size)
-    out, stats = _generate(model, tok, prompt, drafter, cfg)
+    out, stats = _generate(model, tok, prompt, drafter, cfg, spec=FAST)
     figures = stats.as_dict()
     assert out == truth
     assert figures["cache_rejections"] == 1 and figures["cache_hits"] == 1
     # The verifier walked into the guessed branch in the pass that rejected the draft, and
     # the branch carried it on: no pass decided a token without a draft after the hit.
     assert figures["verifier_hits"] == 1 and figures["hits_restarted"] == 0
-    chain, chain_stats = _generate(model, tok, prompt, drafter,
+    chain, chain_stats = _generate(model, tok, prompt, drafter, spec=FAST, cfg=
                                    EngineConfig(mode="acespec", depth=4, window=24,
                                                 max_tokens=60, grow_tree=False))
     assert chain == truth
