@@ -211,8 +211,23 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 msg = (self._last_decided(session, start, new) if session.done else
                        pb.Decided(position=start, tokens=new, passes=session.counts.passes))
                 await self._write(context, pb.Downlink(decided=msg))
+            await self._until_half_close(inbox)
         finally:
             reader.cancel()
+
+    @staticmethod
+    async def _until_half_close(inbox: asyncio.Queue, linger_s: float = 10.0) -> None:
+        """The session is done, but the edge may still be writing drafts it made before it
+        read the last Decided: keep the stream open (drafts ignored) until it half-closes,
+        so its writes never meet an ended stream (which it would take for a lost one)."""
+        async def drain() -> None:
+            while True:
+                item = await inbox.get()
+                msg = item[0] if isinstance(item, tuple) else item
+                if msg is grpc.aio.EOF or isinstance(msg, Exception):
+                    return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(drain(), linger_s)
 
     @staticmethod
     def _last_decided(session, start: int, tokens: list[int]) -> pb.Decided:

@@ -43,6 +43,7 @@ class DecidedDriver:
     def __init__(self, run, sess: CloudSession):
         self.run, self.sess, self.chain = run, sess, Chain([])
         self.counted = False  # the verifier's final account has arrived
+        self.write_failed = False
         # The verifier consumes drafts as fast as its passes run, and a chain that is short
         # of a round trip's worth leaves it decoding alone: the adaptive shape drafts up to
         # the widest window (dead drafts cost only uplink bytes, never a pass).
@@ -61,12 +62,29 @@ class DecidedDriver:
                 self._take(inbox.get_nowait())
             if run.finished:
                 break
+            if self.write_failed:
+                await self._finish_after_failed_write(inbox)
+                break
             if self._may_draft():
                 await self._draft_and_send()
                 continue
             self._take(await inbox.get())
         if not self.counted:
             await self._final_counts(inbox)
+
+    async def _guarded(self, write) -> None:
+        """Await an uplink write. A verifier older than the linger of the session's end
+        may have ended the stream after its last Decided while we were drafting: the write
+        then fails, but the tokens are in the inbox; only without them is it a loss."""
+        try:
+            await write
+        except (grpc.aio.AioRpcError, ConnectionError):
+            self.write_failed = True
+
+    async def _finish_after_failed_write(self, inbox: asyncio.Queue) -> None:
+        """Read what the verifier sent before the stream ended; lost if it is not the end."""
+        while not self.run.finished:
+            self._take(await asyncio.wait_for(inbox.get(), 5.0))
 
     async def _final_counts(self, inbox: asyncio.Queue, timeout_s: float = 2.0) -> None:
         """The edge finished first (max_tokens or a stop it saw first): half-close; the
@@ -104,7 +122,7 @@ class DecidedDriver:
         run._time_drafts(time.perf_counter() - t0, len(draft))
         run.stats.drafted += len(draft)
         tokens = draft.tokens.tolist()
-        await self.sess.drafts(len(context), behind, tokens)
+        await self._guarded(self.sess.drafts(len(context), behind, tokens))
         self.chain.tokens += tokens
 
     def _take_tokens(self, tokens: list[int]) -> None:

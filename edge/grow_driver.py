@@ -58,6 +58,9 @@ class GrowDriver(DecidedDriver):
                 self._take(inbox.get_nowait())
             if run.finished:
                 break
+            if self.write_failed:
+                await self._finish_after_failed_write(inbox)
+                break
             if self._grow_step():
                 if len(self.tree.unsent) >= max(SEND_BATCH, self.depth):
                     await self._send()
@@ -231,7 +234,7 @@ class GrowDriver(DecidedDriver):
             n.nid = first + i
         parents = [ROOT if n.parent is None or n.parent is tree.root else n.parent.nid
                    for n in nodes]
-        await self.sess.grow(tree.end, [n.token for n in nodes], parents)
+        await self._guarded(self.sess.grow(tree.end, [n.token for n in nodes], parents))
         self.run.stats.note_tree(*tree.shape())
 
         self.run.stats.cache.branch_nodes += sum(n.guess for n in nodes)

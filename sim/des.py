@@ -16,6 +16,10 @@ token and the live drafts that have arrived, and decides the accepted drafts plu
 token (correction, bonus, or continuation with no draft). The edge drafts chunks while its
 chain is shorter than the window and learns each verdict one trip later; drafts that reach
 the verifier for positions it decided meanwhile are compared without a pass.
+`tree` (with `decided`) is the speculation tree of those sessions (DESIGN §6): where a draft
+will be rejected, the edge's chunk carries, with probability `hit_rate`, a guessed branch
+of `branch_depth` drafts; the verifier's walk (or its comparison of late drafts) goes on
+into it, and the edge, learning of the hit, keeps drafting after the branch.
 Costs come from `acespec bench calibrate` (measured components) or are given directly.
 """
 
@@ -56,6 +60,7 @@ class Scenario:
     branch_depth: int = 1  # acespec: drafts below a branch's guessed token
     hit_continues: bool = False  # acespec: the ideal cache (a hit costs no restart)
     decided: bool = False  # acespec: the verifier decides (greedy and coupled sessions)
+    tree: bool = False  # decided: the edge's chunks carry guessed branches (hit_rate)
     seed: int = 0
 
 
@@ -69,6 +74,7 @@ class SimResult:
     continuation: int = 0  # decided: tokens decided with no draft at their position
     reconciled: int = 0  # decided: drafts compared with tokens decided before they arrived
     dead_skipped: int = 0  # decided: drafts dropped unscored (behind a rejection)
+    hits: int = 0  # decided with tree: rejections that went on into a guessed branch
 
     @property
     def tokens_per_s(self) -> float:
@@ -213,6 +219,8 @@ class _Drafts:
     base: int
     start: int
     flags: tuple[bool, ...]
+    branches: tuple[tuple[int, tuple[bool, ...]], ...] = ()  # (rejected position, its
+    # guessed branch's draft flags at the positions after it)
 
 
 @dataclass(frozen=True)
@@ -235,7 +243,8 @@ class _DecidingVerifier:
         self.inbox: list[_Drafts] = []  # uplink in send (= arrival) order
         self.outbox: list[_Decided] = []
         self.passes, self.busy, self.received, self.scored = 0, 0.0, 0, 0
-        self.continuation = self.reconciled = 0
+        self.continuation = self.reconciled = self.hits = 0
+        self.branches: dict[int, tuple[bool, ...]] = {}  # the chain's guessed branches
 
     @property
     def next_t(self) -> float:
@@ -246,7 +255,9 @@ class _DecidingVerifier:
         while self.inbox and self.inbox[0].arrive <= self.free:
             m = self.inbox.pop(0)
             if m.epoch != self.epoch:  # a restarted chain replaces the dead one
-                self.epoch, self.flags, self.dead = m.epoch, {}, False
+                self.epoch, self.flags, self.dead, self.branches = m.epoch, {}, False, {}
+            self.branches.update(m.branches)
+            self.received += sum(1 + len(b) for _, b in m.branches)
             if not self.dead:  # the edge's text up to base is decided text: it agrees
                 self.agree = max(self.agree, m.base)
             self.received += len(m.flags)
@@ -257,32 +268,51 @@ class _DecidingVerifier:
         """Drafts at positions decided before they arrived are compared, not scored; the
         first mismatch kills the chain from there (every later draft has a wrong context)."""
         while not self.dead and self.agree < self.decided and self.agree in self.flags:
-            if not self.flags[self.agree]:
+            if not self.flags[self.agree] and not self._hit(self.agree):
                 self.dead = True
                 return
             self.reconciled += 1
             self.agree += 1
+
+    def _hit(self, p: int) -> bool:
+        """The draft at p is rejected: with a guessed branch there, the decided token is
+        the guess and the chain goes on into the branch's drafts."""
+        branch = self.branches.pop(p, None)
+        if branch is None:
+            return False
+        self.flags.update(zip(range(p + 1, p + 1 + len(branch)), branch))
+        for q in [q for q in self.flags if q > p + len(branch)]:
+            del self.flags[q]  # the main line below the rejection is dead
+        self.hits += 1
+        return True
 
     def _live(self) -> list[int]:
         """Positions of the drafts the next pass feeds: contiguous from D on a chain that
         agrees with every decided token, leaving room for the one more token."""
         if self.dead or self.agree != self.decided:
             return []
-        room, out = self.sc.tokens - self.decided - 1, []
-        while len(out) < room and self.decided + len(out) in self.flags:
-            out.append(self.decided + len(out))
+        return self._live_from(self.decided)
+
+    def _live_from(self, p: int) -> list[int]:
+        out = []
+        while p + len(out) < self.sc.tokens - 1 and p + len(out) in self.flags:
+            out.append(p + len(out))
         return out
 
     def step(self) -> None:
         """One pass: decide the accepted drafts and one more; send them down at its end."""
         self._receive()
         feed = self._live()
-        k = next((i for i, p in enumerate(feed) if not self.flags[p]), len(feed))
-        seconds = self.c.target_s(1 + len(feed))
+        fed = len(feed) + sum(1 + len(b) for p, b in self.branches.items() if p in feed)
+        k = 0
+        while k < len(feed) and (self.flags[feed[k]] or self._hit(feed[k])):
+            k += 1
+            feed = feed[:k] + self._live_from(feed[k - 1] + 1)  # a hit's branch is fed too
+        seconds = self.c.target_s(1 + fed)
         self.free, self.busy, self.passes = self.free + seconds, self.busy + seconds, self.passes + 1
         start = self.decided
         self.decided += k + 1
-        self.scored += len(feed)
+        self.scored += fed
         self.continuation += k == len(feed)  # the bonus or plain decoding: no draft there
         if feed:
             self.agree, self.dead = start + k, k < len(feed)
@@ -299,6 +329,7 @@ class _DraftingEdge:
         self.sc, self.c, self.up, self.rng, self.t = sc, c, up, rng, start
         self.committed, self.chain, self.epoch = 0, 0, 0  # chain: drafts after `committed`
         self.flags: dict[int, bool] = {}  # the current chain's drafts, by position
+        self.branches: dict[int, tuple[bool, ...]] = {}  # tree: guessed branches sent
         self.read, self.done_at = 0, None  # Decided messages applied; when the last arrived
 
     def _may_draft(self) -> bool:
@@ -322,8 +353,13 @@ class _DraftingEdge:
             for p in range(m.position, m.position + m.count):
                 if self.chain and self.flags[p]:
                     self.chain -= 1
+                elif self.chain and p in self.branches:  # a hit: the branch is the chain
+                    branch = self.branches.pop(p)
+                    self.flags.update(zip(range(p + 1, p + 1 + len(branch)), branch))
+                    self.chain = len(branch)
+                    self.branches = {q: b for q, b in self.branches.items() if q <= p}
                 elif self.chain:
-                    self.chain, self.epoch, self.flags = 0, self.epoch + 1, {}
+                    self.chain, self.epoch, self.flags, self.branches = 0, self.epoch + 1, {}, {}
                 self.committed += 1  # no draft there: a continuation token
             if self.committed >= self.sc.tokens:
                 self.done_at = m.arrive
@@ -338,10 +374,23 @@ class _DraftingEdge:
         start = self.committed + self.chain
         flags = tuple(bool(self.rng.random() < self.sc.accept) for _ in range(n))
         self.flags.update(zip(range(start, start + n), flags))
+        branches = self._branches(start, flags)
+        self.branches.update(branches)
         self.chain += n
-        self.t += n * self.c.draft_s
-        arrive = self.up(Chunk(int(self.c.up_base + self.c.up_per_node * n), self.t)).t
-        inbox.append(_Drafts(arrive, self.epoch, self.committed, start, flags))
+        nodes = n + sum(1 + len(b) for _, b in branches)
+        self.t += (n + sum(len(b) for _, b in branches)) * self.c.draft_s
+        arrive = self.up(Chunk(int(self.c.up_base + self.c.up_per_node * nodes), self.t)).t
+        inbox.append(_Drafts(arrive, self.epoch, self.committed, start, flags, branches))
+
+    def _branches(self, start: int, flags) -> tuple:
+        """Tree: at each rejected draft, with probability hit_rate a guessed branch of
+        branch_depth drafts (each accepted with `accept`) rides along."""
+        if not self.sc.tree:
+            return ()
+        return tuple((start + i, tuple(bool(self.rng.random() < self.sc.accept)
+                                       for _ in range(self.sc.branch_depth)))
+                     for i, ok in enumerate(flags)
+                     if not ok and self.rng.random() < self.sc.hit_rate)
 
 
 def _decided(sc: Scenario, c: Costs) -> SimResult:
@@ -362,4 +411,5 @@ def _decided(sc: Scenario, c: Costs) -> SimResult:
     busy = v.busy + c.target_s(1)
     return SimResult(e.done_at, sc.tokens, v.passes + 1, v.passes, busy / e.done_at,
                      continuation=v.continuation, reconciled=v.reconciled,
-                     dead_skipped=v.received - v.scored - v.reconciled - len(v._live()))
+                     dead_skipped=v.received - v.scored - v.reconciled - len(v._live()),
+                     hits=v.hits)

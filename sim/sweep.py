@@ -9,8 +9,10 @@ from acespec.sim.des import Costs, Scenario, simulate
 from acespec.sim.stages import LinkSpec
 
 # acespec-ideal is the state cache whose hits keep the pipeline flowing; acespec-decided is
-# what greedy and coupled acespec sessions run (the verifier decides and never waits).
-MODES = ("ar", "sd", "pipeline", "acespec", "acespec-ideal", "acespec-decided")
+# the engine of greedy and coupled acespec sessions with one drafted chain (the verifier
+# decides and never waits); acespec-tree adds the speculation tree's guessed branches
+# (what those sessions run by default).
+MODES = ("ar", "sd", "pipeline", "acespec", "acespec-ideal", "acespec-decided", "acespec-tree")
 
 
 def _scenario(base: Scenario, mode: str) -> Scenario:
@@ -18,6 +20,8 @@ def _scenario(base: Scenario, mode: str) -> Scenario:
         return replace(base, mode="acespec", hit_continues=True)
     if mode == "acespec-decided":
         return replace(base, mode="acespec", decided=True)
+    if mode == "acespec-tree":
+        return replace(base, mode="acespec", decided=True, tree=True, branch_depth=4)
     return replace(base, mode=mode)
 
 
@@ -56,8 +60,8 @@ def best_per_link(rows: list[dict]) -> list[dict]:
         for m in MODES[1:]:
             if r[m] > cur.get(m, 0):
                 cur[m], cur[f"{m}_shape"] = r[m], f"{r['depth']}/{r['window']}"
-                if m == "acespec-decided":
-                    cur["acespec-decided_busy"] = r["acespec-decided_busy"]
+                if m in ("acespec-decided", "acespec-tree"):
+                    cur[f"{m}_busy"] = r[f"{m}_busy"]
     for cur in out.values():
         cur.update({f"{m}_x_ar": round(cur[m] / cur["ar"], 2) for m in MODES[1:]})
     return list(out.values())

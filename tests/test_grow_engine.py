@@ -63,10 +63,10 @@ SLOW = LinkSpec(50e3, 50e3, 0.05)  # 50 kbit/s each way, 50 ms round trip
 FAST = LinkSpec(1e6, 1e6, 0.02)  # 1 Mbit/s, 20 ms: the edge keeps up with a perfect drafter
 
 
-def _generate(model, tok, prompt, drafter, cfg, spec=SLOW, on=None):
+def _generate(model, tok, prompt, drafter, cfg, spec=SLOW, on=None, fast_verifier=False):
     """Through the emulated link, the verifier's passes padded to a big model's 40 ms
-    (+ 0.5 ms per node), as the benchmark runs it."""
-    scfg = ServerConfig(emulation=StepEmulation(40.0, 0.5))
+    (+ 0.5 ms per node), as the benchmark runs it (unpadded with fast_verifier)."""
+    scfg = ServerConfig(emulation=StepEmulation() if fast_verifier else StepEmulation(40.0, 0.5))
 
     async def go():
         async with running_verifier(model, tok.vocab_hash(), scfg) as (_, addr):
@@ -126,3 +126,31 @@ def test_drafter_memory_stays_within_budget_over_a_long_generation(tiny_pair, no
     assert worst["seqs"] <= set(range(8))  # seq 0 and its tree's sequences 1..7
     assert worst["extra"] <= cfg.window + cfg.depth + 2, worst
     assert stats.tree_width >= 2  # it did grow a tree, not a chain
+
+
+@pytest.mark.parametrize("linger", [True, False], ids=["verifier-lingers", "older-verifier"])
+@pytest.mark.parametrize("tree", [True, False], ids=["tree", "chain"])
+def test_a_verifier_that_finishes_first_loses_nothing(tiny_pair, noisy_gguf, monkeypatch,
+                                                      linger, tree):
+    """A slow drafter (200 ms per decode) against a fast verifier: the verifier decides
+    every token alone and ends the session while the edge is still drafting. The verifier
+    keeps the stream open until the edge half-closes, so the edge's late writes land and
+    nothing is re-done. An older verifier ends the stream at once: the late write fails
+    (grpc reports INTERNAL), and the edge resumes from what it committed - same text."""
+    from acespec.cloud.servicer import VerifierServicer
+
+    if not linger:
+        async def no_linger(inbox, linger_s=10.0):
+            return None
+        monkeypatch.setattr(VerifierServicer, "_until_half_close", staticmethod(no_linger))
+    tok_dir, model, _ = tiny_pair
+    tok = Tokenizer.load(tok_dir)
+    prompt = tok.encode("import os\n")
+    truth, _ = _generate(model, tok, prompt, None, EngineConfig(mode="ar", max_tokens=16),
+                         spec=FAST, fast_verifier=True)
+    drafter = LlamaDrafter(noisy_gguf, LlamaDrafterConfig(n_ctx=512, n_seq_max=8,
+                                                          emulate_ms=200))
+    cfg = EngineConfig(mode="acespec", depth=4, window=8, max_tokens=16, grow_tree=tree)
+    out, stats = _generate(model, tok, prompt, drafter, cfg, spec=FAST, fast_verifier=True)
+    assert out == truth
+    assert stats.reconnects == 0 if linger else stats.reconnects <= 3
