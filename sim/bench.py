@@ -255,11 +255,16 @@ def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
 
 def _idle(rs: list[dict]) -> dict:
     """The verifier's idle-time figures over runs: busy fraction (mean over runs that report
-    it), dead drafts skipped and tokens decided with no draft (totals)."""
+    it), dead drafts skipped, tokens decided with no draft, walks into guessed branches and
+    those that restarted (totals); the speculation tree's widest and deepest (maxima)."""
     busy = [r["verifier_busy"] for r in rs if r.get("verifier_busy") is not None]
     return {"verifier_busy": round(float(np.mean(busy)), 3) if busy else None,
             "dead_nodes_skipped": sum(r.get("dead_nodes_skipped", 0) for r in rs),
-            "continuation_tokens": sum(r.get("continuation_tokens", 0) for r in rs)}
+            "continuation_tokens": sum(r.get("continuation_tokens", 0) for r in rs),
+            "verifier_hits": sum(r.get("verifier_hits") or 0 for r in rs),
+            "hits_restarted": sum(r.get("hits_restarted") or 0 for r in rs),
+            "tree_width": max((r.get("tree_width") or 0 for r in rs), default=0),
+            "tree_depth": max((r.get("tree_depth") or 0 for r in rs), default=0)}
 
 
 def by_category(records: list[dict]) -> list[dict]:
