@@ -35,9 +35,10 @@ def add_parser(sub) -> None:
     d.add_argument("prompt", nargs="?", help="(default: a code prompt; with a chat pair, a "
                    "question sent through the model's chat template)")
     d.add_argument("--link", default="50kbit:50ms", help="RATE:RTT (default: %(default)s)")
-    d.add_argument("--emulate-step-ms", default="40,0.5", metavar="T0[,PER_NODE]",
+    d.add_argument("--emulate-step-ms", default=None, metavar="T0[,PER_NODE]",
                    help="TESTBED: pad each verifier pass to a big target's step time; '0' for "
-                   "the demo target's own (default: %(default)s)")
+                   "the target's own (default: 40,0.5 for the tiny demo target, 0 for a real "
+                   "pair such as smollm2, whose own step time is the honest one)")
     d.add_argument("--max-tokens", type=number(int, 1), default=96)
     d.add_argument("--model", default="", help="target HF folder (default: the demo target)")
     d.add_argument("--drafter", default=str(DEMO_DRAFTER))
@@ -113,12 +114,16 @@ def run(args) -> int:
     except ValueError as e:
         print(f"acespec demo: error: {e}", file=sys.stderr)
         return 2
+    if args.emulate_step_ms is None:
+        args.emulate_step_ms = "0" if args.pair not in (None, "demo") else "40,0.5"
     logs = Path(tempfile.mkdtemp(prefix="acespec-demo-"))
     cloud, link = free_port(), free_port()
     me = [sys.executable, "-m", "acespec"]
     with Children() as kids:
         try:
-            serve = me + ["cloud", "serve", "--host", "127.0.0.1", "--port", str(cloud)]
+            # The verifier shares this machine with the edge's drafter: half the cores.
+            serve = me + ["cloud", "serve", "--host", "127.0.0.1", "--port", str(cloud),
+                          "--threads", str(max(1, (os.cpu_count() or 2) // 2))]
             if args.model:
                 serve += ["--model", args.model]
             if args.emulate_step_ms not in ("0", ""):
