@@ -111,7 +111,8 @@ class GrowDriver(DecidedDriver):
         branches = tree.select(cands, budget, self._costs()) if cands else []
         if line and not branches:
             return self._grow_line(line[0], min(self.depth, line_room, left)) or bool(guessed)
-        grow = [n for n in line + branches if self._seq_for(n) is not None]
+        p_of, busy = {n: p for n, p, _ in walked}, set(line + branches)
+        grow = [n for n in line + branches if self._seq_for(n, p_of, busy) is not None]
         if not grow:
             return bool(guessed)
         contexts = [run.prompt + run.out + tree.path(n) for n in grow]
@@ -150,27 +151,55 @@ class GrowDriver(DecidedDriver):
             return drafter.propose_many(contexts, sampling, rngs, seqs)
         return [drafter.propose(c, 1, sampling, r, seq=run.seq) for c, r in zip(contexts, rngs)]
 
-    def _seq_for(self, node: GNode) -> int | None:
+    def _seq_for(self, node: GNode, p_of: dict | None = None, busy: set | None = None
+                 ) -> int | None:
         """A drafter sequence for growing `node`: its own, its parent's (the drafted line
-        continues in place), or a free one forked from the nearest ancestor that has one."""
+        continues in place), a free one, or - none free - the one held by the least likely
+        node (p_of: path probabilities; busy: nodes this step grows), if it is less likely
+        than `node`. A new one is forked from a sequence that holds the parent's path."""
         if node.seq is not None:
             return node.seq
         parent = node.parent or self.tree.root
         if parent.seq is not None and parent.draft is node:
             node.seq, parent.seq = parent.seq, None
             return node.seq
-        if not self.free:
+        if not self.free and not self._evict(p_of or {}, busy or set(), p_of.get(node, 0.0)
+                                             if p_of else 0.0):
             return None
         node.seq = self.free.pop()
-        src = parent
-        while src is not None and src.seq is None:
-            src = src.parent
-        src_seq = src.seq if src is not None else self._any_seq()
+        src_seq = self._holder(parent)
         drafter = self.run.e.drafter
         if src_seq is not None and hasattr(drafter, "fork"):
             drafter.fork(src_seq, node.seq, len(self.run.prompt) + len(self.run.out)
                          + len(self.tree.path(parent)))
         return node.seq
+
+    def _holder(self, node: GNode) -> int | None:
+        """A sequence whose KV starts with node's path: node's own, the drafted line's below
+        it (the line moves its sequence down as it grows), or an ancestor's."""
+        down = node
+        while down is not None:
+            if down.seq is not None:
+                return down.seq
+            down = down.draft
+        up = node.parent
+        while up is not None and up.seq is None:
+            up = up.parent
+        return up.seq if up is not None else self._any_seq()
+
+    def _evict(self, p_of: dict, busy: set, above: float) -> bool:
+        """Free the sequence of the least likely node holding one (not the root's, not one
+        this step grows), if it is less likely than `above`: KV goes where it is worth most."""
+        held = [(p_of.get(n, 0.0), id(n), n) for n, _ in self.tree.nodes()
+                if n.seq is not None and n not in busy]
+        if not held:
+            return False
+        p, _, n = min(held)
+        if p >= above:
+            return False
+        self.free.append(n.seq)
+        n.seq = None
+        return True
 
     def _any_seq(self) -> int | None:
         if self.tree.root.seq is not None:
