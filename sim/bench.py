@@ -36,6 +36,9 @@ class BenchConfig:
     sampling: str = "coupled"  # with temperature > 0: "coupled" | "exact"
     emulate: str = "40,0.5"  # the verifier's --emulate-step-ms profile
     emulate_draft: tuple[float, float] = (0.0, 0.0)  # the edge's --emulate-draft-ms profile
+    # The verifier runs in its own process, as it would on its own machine: in this one, the
+    # edge's drafting (and its emulated step time) would hold the verifier's event loop.
+    inline_verifier: bool = False
     per_category: int = 10  # prompts per category
     seed: int = 0
 
@@ -77,7 +80,8 @@ async def run_bench(cfg: BenchConfig, model_dir: str, drafter_path: str,
         n_seq_max=8, emulate_ms=cfg.emulate_draft[0], emulate_per_token_ms=cfg.emulate_draft[1]))
     codec = TextCodec.from_drafter(drafter)
     state = {"records": [], "total": len(cfg.links) * len(cfg.modes) * len(prompts), "done": 0}
-    serve = _verifier_in_netns if cfg.netns else _verifier_in_process
+    serve = (_verifier_in_netns if cfg.netns else
+             _verifier_in_process if cfg.inline_verifier else _verifier_process)
     async with serve(cfg, model_dir) as start:
         for label, spec in cfg.links:
             async with start(spec) as (host, port, proxy_spec):
@@ -107,6 +111,49 @@ async def _verifier_in_process(cfg: BenchConfig, model_dir: str):
     finally:
         await server.stop(0)
         await engine.close_all()
+
+
+@contextlib.asynccontextmanager
+async def _verifier_process(cfg: BenchConfig, model_dir: str):
+    """One `acespec cloud serve` process for every link (half the cores: the edge shares the
+    machine); the proxy does all the shaping."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    from acespec.demo import wait_port
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = [sys.executable, "-m", "acespec", "cloud", "serve", "--host", "127.0.0.1",
+            "--port", str(port), "--emulate-step-ms", cfg.emulate, "--grace", "1",
+            "--threads", str(max(1, (os.cpu_count() or 2) // 2))]
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(argv + (["--model", model_dir] if model_dir else []),
+                            stdout=log, stderr=subprocess.STDOUT)
+
+    @contextlib.asynccontextmanager
+    async def start(spec):
+        yield "127.0.0.1", port, spec
+
+    try:
+        try:
+            await asyncio.to_thread(wait_port, port, proc, "verifier", 300.0)
+        except RuntimeError as e:
+            log.seek(0)
+            raise RuntimeError(f"{e}: {log.read()[-500:]!r}") from e
+        yield start
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
 
 
 @contextlib.asynccontextmanager
