@@ -54,7 +54,7 @@ PRESETS = {
     "smollm2": DrafterPreset(
         drafter=dict(hidden_size=384, intermediate_size=1024, num_layers=4, num_heads=6,
                      num_kv_heads=2, head_dim=64, tie_word_embeddings=True),
-        train=TrainConfig(steps=800, batch=6, seq_len=512, lr=2e-3, warmup=40,
+        train=TrainConfig(steps=1200, batch=6, seq_len=512, lr=2e-3, warmup=40,
                           ckpt_every=50, log_every=10)),
     # Seconds: every stage on a handful of chats (for the test).
     "tiny": DrafterPreset(
