@@ -28,7 +28,7 @@ next-token distribution. Built by
 | file | size |
 |---|---|
 {files}
-
+{_committed(card)}
 **Greedy acceptance** — mean tokens per target step, bonus included — against the target's
 greedy answers computed with llama.cpp on `SmolLM2-135M-Instruct.Q4_1.gguf` (the target
 is that GGUF, not a float checkpoint), {c['eval_prompts_per_kind']} held-out prompts per
@@ -74,3 +74,12 @@ def _forced(card: dict) -> str:
     return "; ".join(f"{kind}: distillation loss {v['distill_loss']} nats/token, the student's "
                      f"top token is the target's {v['top1_agreement']:.0%} of the time"
                      for kind, v in f.items())
+
+
+def _committed(card: dict, limit: int = 60 * 2**20) -> str:
+    """The repository keeps the drafter small: F16 only when both files fit in `limit`."""
+    files = card["files"]
+    if sum(f["bytes"] for f in files.values()) <= limit or "f16" not in files:
+        return ""
+    return (f"\nOnly `{files['q8_0']['name']}` is committed: the two files together would "
+            f"exceed {limit / 2**20:.0f} MiB; the build command above writes both.\n")
