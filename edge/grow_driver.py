@@ -62,7 +62,7 @@ class GrowDriver(DecidedDriver):
                 await self._finish_after_failed_write(inbox)
                 break
             if self._grow_step():
-                if len(self.tree.unsent) >= max(SEND_BATCH, self.depth):
+                if len(self.tree.unsent) >= max(SEND_BATCH, self._chunk()):
                     await self._send()
                 continue
             if any(not (n.guess and not n.children) for n in self.tree.unsent):
@@ -110,7 +110,7 @@ class GrowDriver(DecidedDriver):
                             uplink_bytes=self._uplink_room(), batch=len(self.free))
         branches = tree.select(cands, budget, self._costs()) if cands else []
         if line and not branches:
-            return self._grow_line(line[0], min(self.depth, line_room, left)) or bool(guessed)
+            return self._grow_line(line[0], min(self._chunk(), line_room, left)) or bool(guessed)
         p_of, busy = {n: p for n, p, _ in walked}, set(line + branches)
         grow = [n for n in line + branches if self._seq_for(n, p_of, busy) is not None]
         if not grow:
@@ -124,6 +124,11 @@ class GrowDriver(DecidedDriver):
             tree.expand(n, int(d.tokens[0]), d.q[0] if d.ranks is None else d.ranks[0],
                         run.rec)
         return True
+
+    def _chunk(self) -> int:
+        """Drafts per line chunk: `depth`, but no more than one verifier pass's worth of
+        drafting, so a slow drafter still sends something every pass."""
+        return max(1, min(self.depth, int(self.pass_s / max(1e-4, self.run.draft_s))))
 
     def _grow_line(self, tip: GNode, n: int) -> bool:
         """Draft n tokens after the line's tip in one drafter call (its own sequence)."""
