@@ -70,6 +70,11 @@ async def create_server(engine: Engine, cfg: ServerConfig) -> tuple[grpc.aio.Ser
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", 16 << 20),
         ("grpc.http2.bdp_probe", 0),  # see edge CHANNEL_OPTIONS
+        # Edges ping every 20 s (keepalive) through sessions that may be quiet for longer on
+        # the uplink; by default the server counts those as abuse and ends the connection
+        # after two (GOAWAY too_many_pings: every session on it fails with INTERNAL).
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10000),
+        ("grpc.http2.max_ping_strikes", 0),
         # gRPC sets SO_REUSEPORT by default: a second verifier on a busy port would bind
         # too and silently take a share of the connections.
         ("grpc.so_reuseport", 0)])

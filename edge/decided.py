@@ -58,6 +58,9 @@ class DecidedDriver:
     async def drive(self, inbox: asyncio.Queue) -> None:
         run = self.run
         while not run.finished:
+            # Drafting blocks the loop: let the reader hand over what has arrived, so a
+            # verifier that decides faster than the drafter drafts is followed, not raced.
+            await asyncio.sleep(0)
             while not inbox.empty() and not run.finished:
                 self._take(inbox.get_nowait())
             if run.finished:

@@ -25,9 +25,9 @@ def _alive(pid: int) -> bool:
         return f.read().split()[2] != "Z"
 
 
-def _demo(tiny_hf_dir, gguf, *extra):
+def _demo(tiny_hf_dir, gguf, *extra, step_ms="0"):
     return [sys.executable, "-m", "acespec", "demo", "--model", str(tiny_hf_dir), "--drafter",
-            str(gguf), "--link", "1mbit:10ms", "--emulate-step-ms", "0", *extra]
+            str(gguf), "--link", "1mbit:10ms", "--emulate-step-ms", step_ms, *extra]
 
 
 def test_demo_prints_both_modes_and_cleans_up(tiny_hf_dir, tiny_pair):
@@ -42,8 +42,10 @@ def test_demo_prints_both_modes_and_cleans_up(tiny_hf_dir, tiny_pair):
 
 def test_ctrl_c_stops_every_child(tiny_hf_dir, tiny_pair):
     gguf = tiny_pair[2]["q8_0"]
-    p = subprocess.Popen(_demo(tiny_hf_dir, gguf, "--max-tokens", "4000"), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    # 100 ms passes: the tiny target's context (a few hundred tokens) then lasts long past
+    # the interrupt however fast the speculation goes.
+    p = subprocess.Popen(_demo(tiny_hf_dir, gguf, "--max-tokens", "4000", step_ms="100"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen, pids = "", []
     deadline = time.monotonic() + 120
     while "streaming through the link" not in seen and time.monotonic() < deadline:
