@@ -205,8 +205,9 @@ def _prompt(args, drafter) -> tuple[str, str]:
 
 def _table(figures: dict, link: str, emulate: str) -> None:
     modes = list(figures)
-    print(f"\nlink {link}; verifier step profile {emulate} ms (TESTBED: a big target's step "
-          "time on this CPU)")
+    step = ("the target's own step time on this CPU" if emulate in ("0", "") else
+            f"each pass padded to {emulate} ms (TESTBED: a big target's step time on this CPU)")
+    print(f"\nlink {link}; verifier: {step}")
     print("| figure | " + " | ".join(modes) + " |")
     print("|---|" + "---|" * len(modes))
     for c in COLUMNS:
