@@ -68,12 +68,18 @@ class DecidedDriver:
             if self.write_failed:
                 await self._finish_after_failed_write(inbox)
                 break
-            if self._may_draft():
-                await self._draft_and_send()
+            if await self._work():
                 continue
             self._take(await inbox.get())
         if not self.counted:
             await self._final_counts(inbox)
+
+    async def _work(self) -> bool:
+        """Draft and send what is worth it now; False when only the downlink can help."""
+        if self._may_draft():
+            await self._draft_and_send()
+            return True
+        return False
 
     async def _guarded(self, write) -> None:
         """Await an uplink write. A verifier older than the linger of the session's end

@@ -12,7 +12,6 @@ Leaves are grown several per batched drafter decode, each in its own drafter seq
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from acespec.edge.client import CloudSession
@@ -51,34 +50,16 @@ class GrowDriver(DecidedDriver):
         self.pass_s = 0.05  # the verifier's seconds per pass (smoothed)
         self.last_decided: float | None = None
 
-    async def drive(self, inbox: asyncio.Queue) -> None:
-        run = self.run
-        while not run.finished:
-            # Drafting blocks the loop: let the reader hand over what has arrived, so a
-            # verifier that decides faster than the drafter drafts is followed, not raced.
-            await asyncio.sleep(0)
-            while not inbox.empty() and not run.finished:
-                self._take(inbox.get_nowait())
-            if run.finished:
-                break
-            if self.write_failed:
-                await self._finish_after_failed_write(inbox)
-                break
-            if self._grow_step():
-                if len(self.tree.unsent) >= max(SEND_BATCH, self._chunk()):
-                    await self._send()
-                continue
-            if any(not (n.guess and not n.children) for n in self.tree.unsent):
+    async def _work(self) -> bool:
+        """One growth step (sending once a message's worth is ready), or the last nodes."""
+        if self._grow_step():
+            if len(self.tree.unsent) >= max(SEND_BATCH, self._chunk()):
                 await self._send()
-                continue
-            self._take(await inbox.get())
-        if not self.counted:
-            await self._final_counts(inbox)
-
-    def _dry(self) -> bool:
-        """Nothing sent hangs below the root: the verifier is decoding alone, so the first
-        nodes go out at once rather than waiting for a fuller message."""
-        return all(c.nid < 0 for c in self.tree.root.children.values())
+            return True
+        if any(not (n.guess and not n.children) for n in self.tree.unsent):
+            await self._send()
+            return True
+        return False
 
     # -- growth -------------------------------------------------------------------
 

@@ -147,13 +147,20 @@ async def _verifier_process(cfg: BenchConfig, model_dir: str):
             raise RuntimeError(f"{e}: {log.read()[-500:]!r}") from e
         yield start
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        _stop(proc, log)
+
+
+def _stop(proc, log) -> None:
+    """SIGTERM the verifier (its graceful stop), SIGKILL after 15 s; close its log."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
 
 
 @contextlib.asynccontextmanager
@@ -190,13 +197,7 @@ async def _verifier_in_netns(cfg: BenchConfig, model_dir: str):
                     raise RuntimeError(f"{e}: {log.read()[-500:]!r}") from e
                 yield ns.cloud_ip, port, LinkSpec(1e12, 1e12, spec.rtt_s, spec.jitter_s)
             finally:
-                proc.terminate()
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-                log.close()
+                _stop(proc, log)
 
     yield start
 

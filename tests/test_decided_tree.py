@@ -7,24 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_decided import V, target, truth  # the same toy target
 
 from acespec.cloud.decided import PENDING, ROOT, DecidedSession, DecideLimits
 from acespec.cloud.errors import InvalidArgument
 from acespec.shared.served import ServeParams
-
-V = 50
-
-
-def target(context: list[int]) -> int:
-    """The toy target's greedy next token."""
-    return (7 * context[-1] + 3 * len(context)) % V
-
-
-def truth(prompt: list[int], n: int) -> list[int]:
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(target(seq))
-    return seq[len(prompt):]
 
 
 def onehot(tok: int) -> np.ndarray:
