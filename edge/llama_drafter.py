@@ -192,12 +192,19 @@ class LlamaDrafter:
         context = list(context)
         if not context:
             raise ValueError("the drafter needs a non-empty context (at least BOS)")
+        rest = self._reuse(seq, context)
+        return self._last[seq] if rest is None else self._feed(seq, rest)[-1]
+
+    def _reuse(self, seq: int, context: list[int]) -> list[int] | None:
+        """Keep the prefix `seq` shares with context (at least one token is left to feed);
+        returns the tokens still to feed, or None when seq holds exactly context and its
+        logits are cached."""
         held = self._held.get(seq, [])
         common = _common_prefix(held, context)
         if common == len(context) == len(held) and seq in self._last:
-            return self._last[seq]
+            return None
         self.truncate(seq, min(common, len(context) - 1))
-        return self._feed(seq, context[len(self._held.get(seq, [])):])[-1]
+        return context[len(self._held.get(seq, [])):]
 
     def next_logits_many(self, contexts: Sequence[Sequence[int]], seqs: Sequence[int]
                          ) -> np.ndarray:
@@ -212,13 +219,10 @@ class LlamaDrafter:
             ctx = list(ctx)
             if not ctx:
                 raise ValueError("the drafter needs a non-empty context (at least BOS)")
-            held = self._held.get(seq, [])
-            common = _common_prefix(held, ctx)
-            if common == len(ctx) == len(held) and seq in self._last:
+            rest = self._reuse(seq, ctx)
+            if rest is None:
                 out[i] = self._last[seq]
                 continue
-            self.truncate(seq, min(common, len(ctx) - 1))
-            rest = ctx[len(self._held.get(seq, [])):]
             if len(rest) > 1:
                 self._feed(seq, rest[:-1])
             last.append((i, seq, rest[-1]))
@@ -237,17 +241,14 @@ class LlamaDrafter:
     def propose(self, context: Sequence[int], n: int, sampling: SamplingParams,
                 rng: np.random.Generator, seq: int = 0) -> Draft:
         """Draft n tokens after `context` in sequence `seq`; q after the sampling transform."""
-        tokens = np.empty(n, dtype=np.int32)
-        qs, ranks = np.empty((n, self.vocab_size)), np.empty((n, self.vocab_size))
-        logits = self.next_logits(context, seq)
+        steps, logits = [], self.next_logits(context, seq)
         for i in range(n):
-            qs[i] = transform(logits[None], sampling)[0]
-            ranks[i] = qs[i] if sampling.temperature == 1.0 and not sampling.top_k \
-                and sampling.top_p == 1.0 else _softmax(logits)
-            tokens[i] = draw(qs[i], sampling, rng)
+            steps.append(_one_draft(logits, sampling, rng))
             if i + 1 < n:
-                logits = self._feed(seq, [int(tokens[i])])[-1]
-        return Draft(tokens=tokens, q=qs, ranks=ranks)
+                logits = self._feed(seq, [int(steps[-1].tokens[0])])[-1]
+        return Draft(tokens=np.concatenate([d.tokens for d in steps]),
+                     q=np.concatenate([d.q for d in steps]),
+                     ranks=np.concatenate([d.ranks for d in steps]))
 
     def _feed(self, seq: int, tokens: list[int], all_logits: bool = False) -> np.ndarray:
         """Append tokens to `seq`'s KV in chunks of n_batch; logits [k, V] for the fed rows
