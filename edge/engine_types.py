@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,14 +78,10 @@ class Stats:
     server_s: float = 0.0  # tree sessions: sum of Scores.server_time (queue + pass), s
     tree_width: int = 0  # decided sessions with a speculation tree: most live nodes at one
     tree_depth: int = 0  # position, and the deepest live position ahead (maxima seen)
-    started_at: float = field(default_factory=time.perf_counter)
     verdicts: dict = field(default_factory=dict)  # speculation tree: decided tokens by verdict
 
     def note_tree(self, width: int, depth: int) -> None:
         self.tree_width, self.tree_depth = max(self.tree_width, width), max(self.tree_depth, depth)
-
-    def seconds_so_far(self) -> float:
-        return time.perf_counter() - self.started_at
 
     def add_verifier(self, counts: dict) -> None:
         """Sum the account of one decided session (one per connection attempt)."""
