@@ -34,6 +34,7 @@ class CompletionRequest:
     top_k: int = 0
     seed: int | None = None
     sampling: str | None = None  # 'coupled' | 'exact'; None: the server's --sampling
+    ignore_eos: bool = False  # vLLM's extension: run to max_tokens past the end-of-text token
     n: int = 1
     stop: list[str] = field(default_factory=list)
     stream: bool = False
@@ -102,7 +103,7 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
         top_p=_num(body, "top_p", float, 1.0, 1e-6, 1.0),
         top_k=_num(body, "top_k", int, 0, 0, 4096),
         seed=_num(body, "seed", int, None, 0, 2**63 - 1),
-        sampling=_sampling(body),
+        sampling=_sampling(body), ignore_eos=_bool(body, "ignore_eos", False),
         n=_num(body, "n", int, 1, 1, 8), stop=stop, stream=_bool(body, "stream", False),
         include_usage=_bool(options, "include_usage", False, "stream_options.include_usage"),
         user=body.get("user") if isinstance(body.get("user"), str) else None)

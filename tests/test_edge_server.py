@@ -18,6 +18,7 @@ from acespec.cli import build_parser  # noqa: E402
 from acespec.cloud.server import ServerConfig  # noqa: E402
 from acespec.edge.cli import build_service  # noqa: E402
 from acespec.edge.http_app import create_app  # noqa: E402
+from acespec.edge.openai_types import parse_request  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 
 from conftest import free_port  # noqa: E402
@@ -185,6 +186,7 @@ def test_disconnect_mid_stream_frees_everything(tiny_pair, chat_gguf):
     ({"model": "tiny", "prompt": "x", "n": 100}, 400, "n"),
     ({"model": "tiny", "prompt": 5}, 400, "prompt"),
     ({"model": "tiny", "prompt": "x", "stop": [1]}, 400, "stop"),
+    ({"model": "tiny", "prompt": "x", "ignore_eos": "yes"}, 400, "ignore_eos"),
     ({"prompt": "x"}, 400, "model"),
     ({"model": "gpt-9", "prompt": "x"}, 404, "model"),
 ])
@@ -198,6 +200,23 @@ def test_bad_parameters(tiny_pair, chat_gguf, payload, status, param):
     assert r.status_code == status and r.json()["error"]["param"] == param
     assert "Traceback" not in r.text
     assert bad_json.status_code == 400 and "JSON" in bad_json.json()["error"]["message"]
+
+
+def test_ignore_eos_runs_to_max_tokens(tiny_pair, chat_gguf):
+    """`ignore_eos` (vLLM's extension) drops the end-of-text stop; without it, EOS stops."""
+    async def body(http, url, svc, engine):
+        r = await http.post("/v1/completions", json={
+            "model": "tiny", "prompt": "import", "max_tokens": 40, "temperature": 1.0,
+            "seed": 1, "ignore_eos": True})
+        req = {"model": "tiny", "prompt": "x"}
+        plain = svc.config(parse_request(req, False, None), 0).stop_ids
+        ignoring = svc.config(parse_request({**req, "ignore_eos": True}, False, None), 0).stop_ids
+        return r.json(), plain, ignoring, svc.codec.eos_id
+
+    out, plain, ignoring, eos = with_stack(tiny_pair, chat_gguf, body)
+    assert out["usage"]["completion_tokens"] == 40
+    assert out["choices"][0]["finish_reason"] == "length"
+    assert eos is not None and plain == {eos} and ignoring == frozenset()
 
 
 def test_chat_without_template_is_400(tiny_pair):

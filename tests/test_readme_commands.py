@@ -145,7 +145,8 @@ def test_servers_stop_on_sigterm_with_a_request_in_flight(tiny_pair, tiny_hf_dir
             try:
                 with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", timeout=60,
                                   json={"model": "acespec", "prompt": "import os",
-                                        "max_tokens": 2000, "stream": True}) as r:
+                                        "max_tokens": 2000, "stream": True,
+                                        "ignore_eos": True}) as r:
                     for line in r.iter_lines():
                         got.append(line)
             except httpx.HTTPError as e:  # the server going away mid-stream is expected
