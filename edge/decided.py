@@ -11,7 +11,6 @@ its decisions are deterministic, so a re-opened session decides the same).
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 
 import grpc
@@ -58,8 +57,8 @@ class DecidedDriver:
     async def drive(self, inbox: asyncio.Queue) -> None:
         run = self.run
         while not run.finished:
-            # Drafting blocks the loop: let the reader hand over what has arrived, so a
-            # verifier that decides faster than the drafter drafts is followed, not raced.
+            # Take what the reader has handed over, so a verifier that decides faster than
+            # the edge drafts is followed, not raced.
             await asyncio.sleep(0)
             while not inbox.empty() and not run.finished:
                 self._take(inbox.get_nowait())
@@ -124,12 +123,7 @@ class DecidedDriver:
         behind = len(self.chain.tokens)
         context = run.prompt + run.out + self.chain.tokens
         left = run.cfg.max_tokens - len(run.out) - behind
-        t0 = time.perf_counter()
-        draft = run.e.drafter.propose(context, max(1, min(self.depth, left)),
-                                      run.cfg.serve.sampling, run._draft_rng(len(context)),
-                                      seq=run.seq)
-        run._time_drafts(time.perf_counter() - t0, len(draft))
-        run.stats.drafted += len(draft)
+        draft = await run.propose(context, max(1, min(self.depth, left)), run.seq)
         tokens = draft.tokens.tolist()
         await self._guarded(self.sess.drafts(len(context), behind, tokens))
         self.chain.tokens += tokens

@@ -426,12 +426,8 @@ class _Run:
         room = self.cfg.max_tokens - len(self.out) - (0 if head else len(tree.path_tokens(tree.tip)))
         grant_room = self._room()  # nodes this Extend may add within the verifier's grant
         n = max(1, min(self.shape.depth, room, grant_room - len(lead)))
-        t0 = time.perf_counter()
-        draft = self.e.drafter.propose(context, n, self.cfg.serve.sampling,
-                                       self._draft_rng(len(context)), seq=self.seq)
-        self._time_drafts(time.perf_counter() - t0, len(draft))
-        self.stats.drafted += len(draft)
-        branches = self._branches(context, draft, grant_room - len(lead) - len(draft)) \
+        draft = await self.propose(context, n, self.seq)
+        branches = await self._branches(context, draft, grant_room - len(lead) - len(draft)) \
             if self.cfg.mode == "acespec" else []
         log.debug("extend at position %d: lead %s drafts %s, %d branches", len(context), lead,
                   draft.tokens.tolist(), len(branches))
@@ -469,7 +465,7 @@ class _Run:
             self.stats.cache.branch_nodes += len(toks)
         tree.tip = made[-1]
 
-    def _branches(self, context: list[int], draft, max_nodes: int) -> list[tuple]:
+    async def _branches(self, context: list[int], draft, max_nodes: int) -> list[tuple]:
         """Plan and draft recovery branches for this chunk, at most max_nodes nodes in all
         (what the verifier's grant leaves): [(Branch, tokens, qs)]."""
         if max_nodes < 1:
@@ -505,13 +501,9 @@ class _Run:
             if br.depth:
                 if hasattr(self.e.drafter, "fork"):
                     self.e.drafter.fork(self.seq, self.branch_seq, len(prefix) - 1)
-                t0 = time.perf_counter()
-                d = self.e.drafter.propose(prefix, br.depth, self.cfg.serve.sampling,
-                                           self._draft_rng(len(prefix)), seq=self.branch_seq)
-                self._time_drafts(time.perf_counter() - t0, len(d))
+                d = await self.propose(prefix, br.depth, self.branch_seq)
                 toks += d.tokens.tolist()
                 qs = d.q
-                self.stats.drafted += len(d)
             out.append((br, toks, qs))
         return out
 
@@ -534,6 +526,18 @@ class _Run:
             if nxt is None:
                 break
             n = nxt
+
+    async def propose(self, context: list[int], n: int, seq: int):
+        """Draft n tokens after context in drafter sequence seq, in a worker thread: the
+        event loop meanwhile reads the downlink, writes the uplink and serves HTTP (a slow
+        edge drafts for tens of ms per call). Timed into draft_s."""
+        t0 = time.perf_counter()
+        draft = await asyncio.to_thread(self.e.drafter.propose, context, n,
+                                        self.cfg.serve.sampling, self._draft_rng(len(context)),
+                                        seq=seq)
+        self._time_drafts(time.perf_counter() - t0, len(draft))
+        self.stats.drafted += len(draft)
+        return draft
 
     def _time_drafts(self, seconds: float, n: int) -> None:
         if n:

@@ -12,6 +12,7 @@ Leaves are grown several per batched drafter decode, each in its own drafter seq
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from acespec.edge.client import CloudSession
@@ -28,6 +29,7 @@ from acespec.edge.spec_grow import (
 
 ROOT = -1
 SEND_BATCH = 6  # nodes per Grow message while more growth follows (framing costs ~20 B)
+RAMP = 2  # drafts in the line's first chunk after a miss (the chunks then double)
 NODE_PASS_S = 5e-4  # what one more node adds to a verifier pass (the 40,0.5 profile)
 NODE_BYTES = 8.0  # uplink bytes one node costs, its share of the message framing included
 # A guessed child that hits saves what a miss costs: the passes the verifier decides alone
@@ -52,8 +54,9 @@ class GrowDriver(DecidedDriver):
 
     async def _work(self) -> bool:
         """One growth step (sending once a message's worth is ready), or the last nodes."""
-        if self._grow_step():
-            if len(self.tree.unsent) >= max(SEND_BATCH, self._chunk()):
+        if await self._grow_step():
+            if len(self.tree.unsent) >= max(SEND_BATCH, self._chunk()) or \
+                    self._line_lead(sent=True) < self._chunk():
                 await self._send()
             return True
         if any(not (n.guess and not n.children) for n in self.tree.unsent):
@@ -63,7 +66,7 @@ class GrowDriver(DecidedDriver):
 
     # -- growth -------------------------------------------------------------------
 
-    def _grow_step(self) -> bool:
+    async def _grow_step(self) -> bool:
         """Grow leaves by one drafted token each, in one batched decode: the drafted line
         up to the window (as a chain would), and the guessed branches by value within their
         own budget (half the window). With no branch worth growing, the line grows a chunk
@@ -94,37 +97,41 @@ class GrowDriver(DecidedDriver):
                             uplink_bytes=self._uplink_room(), batch=len(self.free))
         branches = tree.select(cands, budget, self._costs()) if cands else []
         if line and not branches:
-            return self._grow_line(line[0], min(self._chunk(), line_room, left)) or bool(guessed)
+            # After a miss the line starts short: its first drafts go up at once, so the
+            # verifier (deciding alone meanwhile) meets them sooner; the chunks then grow.
+            n = min(self._chunk(), max(RAMP, self._line_lead()), line_room, left)
+            return await self._grow_line(line[0], n) or bool(guessed)
         p_of, busy = {n: p for n, p, _ in walked}, set(line + branches)
         grow = [n for n in line + branches if self._seq_for(n, p_of, busy) is not None]
         if not grow:
             return bool(guessed)
         contexts = [run.prompt + run.out + tree.path(n) for n in grow]
-        t0 = time.perf_counter()
-        drafts = self._propose(contexts, [n.seq for n in grow])
-        run._time_drafts((time.perf_counter() - t0) / len(grow), 1)
-        run.stats.drafted += len(grow)
+        drafts = await self._propose(contexts, [n.seq for n in grow])
         for n, d in zip(grow, drafts):
             tree.expand(n, int(d.tokens[0]), d.q[0] if d.ranks is None else d.ranks[0],
                         run.rec)
         return True
+
+    def _line_lead(self, sent: bool = False) -> int:
+        """Drafted line nodes beyond the committed text (only those uploaded, if sent)."""
+        unsent = {id(n) for n in self.tree.unsent} if sent else set()
+        n, lead = self.tree.root.draft, 0
+        while n is not None and id(n) not in unsent:
+            n, lead = n.draft, lead + 1
+        return lead
 
     def _chunk(self) -> int:
         """Drafts per line chunk: `depth`, but no more than one verifier pass's worth of
         drafting, so a slow drafter still sends something every pass."""
         return max(1, min(self.depth, int(self.pass_s / max(1e-4, self.run.draft_s))))
 
-    def _grow_line(self, tip: GNode, n: int) -> bool:
+    async def _grow_line(self, tip: GNode, n: int) -> bool:
         """Draft n tokens after the line's tip in one drafter call (its own sequence)."""
         run, tree = self.run, self.tree
         if n <= 0 or self._seq_for(tip) is None:
             return False
         context = run.prompt + run.out + tree.path(tip)
-        t0 = time.perf_counter()
-        draft = run.e.drafter.propose(context, n, run.cfg.serve.sampling,
-                                      run._draft_rng(len(context)), seq=tip.seq)
-        run._time_drafts(time.perf_counter() - t0, len(draft))
-        run.stats.drafted += len(draft)
+        draft = await run.propose(context, n, tip.seq)
         ranks = draft.q if draft.ranks is None else draft.ranks
         node = tip
         for tok, r in zip(draft.tokens.tolist(), ranks):
@@ -132,13 +139,19 @@ class GrowDriver(DecidedDriver):
         node.seq, tip.seq = tip.seq, None  # the line goes on in the same sequence
         return True
 
-    def _propose(self, contexts: list[list[int]], seqs: list[int]):
+    async def _propose(self, contexts: list[list[int]], seqs: list[int]):
+        """One draft after each context, in one batched decode (a worker thread, as
+        `run.propose`), timed per leaf."""
         run = self.run
         rngs = [run._draft_rng(len(c)) for c in contexts]
         drafter, sampling = run.e.drafter, run.cfg.serve.sampling
-        if hasattr(drafter, "propose_many"):
-            return drafter.propose_many(contexts, sampling, rngs, seqs)
-        return [drafter.propose(c, 1, sampling, r, seq=run.seq) for c, r in zip(contexts, rngs)]
+        if not hasattr(drafter, "propose_many"):
+            return [await run.propose(c, 1, run.seq) for c in contexts]
+        t0 = time.perf_counter()
+        drafts = await asyncio.to_thread(drafter.propose_many, contexts, sampling, rngs, seqs)
+        run._time_drafts((time.perf_counter() - t0) / len(contexts), 1)
+        run.stats.drafted += len(contexts)
+        return drafts
 
     def _seq_for(self, node: GNode, p_of: dict | None = None, busy: set | None = None
                  ) -> int | None:

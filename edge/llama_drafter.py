@@ -8,8 +8,10 @@ diverged), and `fork` copies a prefix to another sequence without recomputing it
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +47,16 @@ class DrafterError(RuntimeError):
     """llama.cpp refused a model file or a decode call."""
 
 
+def _locked(method):
+    """Serialise a method that touches the llama.cpp context: the edge drafts in a worker
+    thread (off its event loop) while other requests' tasks may manage their sequences."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return run
+
+
 def _softmax(logits: np.ndarray) -> np.ndarray:
     z = np.exp(logits - logits.max())
     return z / z.sum()
@@ -58,11 +70,13 @@ def _silence(llama_cpp) -> None:
 
 
 class LlamaDrafter:
-    """Drafter over a GGUF file. Not thread-safe: one caller at a time."""
+    """Drafter over a GGUF file. Thread-safe: the methods that use the context hold a lock,
+    so one decode runs at a time (llama.cpp contexts are single-threaded)."""
 
     def __init__(self, path: str | Path, config: LlamaDrafterConfig = LlamaDrafterConfig()):
         import llama_cpp
 
+        self._lock = threading.RLock()
         self._ll, self.config, self.path = llama_cpp, config, Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"drafter GGUF not found: {self.path}")
@@ -153,6 +167,7 @@ class LlamaDrafter:
 
     # -- KV management -----------------------------------------------------
 
+    @_locked
     def fork(self, src: int, dst: int, n_tokens: int | None = None) -> None:
         """Make `dst` hold the first n_tokens (default all) of `src`'s tokens, sharing KV."""
         held = self._held.get(src, [])
@@ -163,6 +178,7 @@ class LlamaDrafter:
         if n == len(held) and src in self._last:
             self._last[dst] = self._last[src]
 
+    @_locked
     def truncate(self, seq: int, n_tokens: int) -> None:
         """Keep the first n_tokens of `seq`."""
         held = self._held.get(seq, [])
@@ -171,22 +187,26 @@ class LlamaDrafter:
             del held[n_tokens:]
             self._last.pop(seq, None)
 
+    @_locked
     def drop(self, seq: int) -> None:
         """Free everything `seq` holds."""
         self._ll.llama_memory_seq_rm(self._mem, seq, 0, -1)
         self._held.pop(seq, None)
         self._last.pop(seq, None)
 
+    @_locked
     def held(self, seq: int = 0) -> list[int]:
         return list(self._held.get(seq, []))
 
     # -- evaluation --------------------------------------------------------
 
+    @_locked
     def logits(self, context: Sequence[int], seq: int = 0) -> np.ndarray:
         """Logits [len(context), V] float32 for every position of `context`, fed from scratch."""
         self.drop(seq)
         return self._feed(seq, list(context), all_logits=True)
 
+    @_locked
     def next_logits(self, context: Sequence[int], seq: int = 0) -> np.ndarray:
         """Logits [V] float32 after `context`, reusing whatever prefix `seq` already holds."""
         context = list(context)
@@ -206,6 +226,7 @@ class LlamaDrafter:
         self.truncate(seq, min(common, len(context) - 1))
         return context[len(self._held.get(seq, [])):]
 
+    @_locked
     def next_logits_many(self, contexts: Sequence[Sequence[int]], seqs: Sequence[int]
                          ) -> np.ndarray:
         """Logits [k, V] after each context, its own sequence reusing what it holds; the
@@ -232,12 +253,14 @@ class LlamaDrafter:
                 out[i] = row
         return np.stack(out)
 
+    @_locked
     def propose_many(self, contexts: Sequence[Sequence[int]], sampling: SamplingParams,
                      rngs: Sequence, seqs: Sequence[int]) -> list[Draft]:
         """One draft token after each context (batched; see next_logits_many)."""
         rows = self.next_logits_many(contexts, seqs)
         return [_one_draft(row, sampling, rng) for row, rng in zip(rows, rngs)]
 
+    @_locked
     def propose(self, context: Sequence[int], n: int, sampling: SamplingParams,
                 rng: np.random.Generator, seq: int = 0) -> Draft:
         """Draft n tokens after `context` in sequence `seq`; q after the sampling transform."""
@@ -309,6 +332,7 @@ class LlamaDrafter:
         ptr = self._ll.llama_get_logits_ith(self._ctx, i)
         return np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy()
 
+    @_locked
     def close(self) -> None:
         if getattr(self, "_ctx", None):
             self._ll.llama_batch_free(self._batch)

@@ -208,9 +208,10 @@ async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, 
     from acespec.edge.engine import EdgeEngine, EngineConfig
     from acespec.shared.config import SamplingParams
     from acespec.shared.served import ServeParams
-    from acespec.sim.proxy import LinkProxy
+    from acespec.sim.proxy import ProxyThread
 
-    proxy = LinkProxy(host, port, spec=proxy_spec, seed=cfg.seed)
+    # The link runs on its own loop: the edge's drafting must not hold its packets back.
+    proxy = ProxyThread(host, port, spec=proxy_spec, seed=cfg.seed)
     # One long-lived connection per link, as an edge keeps it: per-token bytes then
     # measure steady state, not a TCP/HTTP-2 handshake per request.
     ch = channel(f"127.0.0.1:{await proxy.start()}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import threading
 from dataclasses import dataclass
 
 from acespec.sim.stages import Chunk, Link, LinkSpec
@@ -96,6 +97,47 @@ class LinkProxy:
             await self._server.wait_closed()
         for t in list(self._tasks):
             t.cancel()
+
+
+class ProxyThread:
+    """A LinkProxy on its own event loop in its own thread, for a proxy that shares a
+    process with an edge: what the edge does on its loop (drafting a slow edge's chunk) then
+    never holds the link's packets back, as it would not on a real WAN."""
+
+    def __init__(self, *args, **kwargs):
+        self.proxy = LinkProxy(*args, **kwargs)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="link-proxy", daemon=True)
+
+    @property
+    def counts(self) -> ByteCounts:
+        return self.proxy.counts
+
+    async def start(self) -> int:
+        """Start the thread and the proxy in it; returns the bound port."""
+        self._thread.start()
+        return await self._call(self.proxy.start())
+
+    async def stop(self) -> None:
+        try:
+            await self._call(self.proxy.stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            await asyncio.to_thread(self._thread.join)
+
+    async def _call(self, coro):
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+            pending = asyncio.all_tasks(self._loop)
+            for t in pending:
+                t.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        finally:
+            self._loop.close()
 
 
 class CountingProxy(LinkProxy):

@@ -121,6 +121,46 @@ def test_proxy_rtt_and_throughput_match_the_link():
     assert counts.up == counts.down == 25_001
 
 
+def test_proxy_thread_keeps_forwarding_while_the_callers_loop_is_busy():
+    """The bench's proxy shares a process with the edge, whose drafting can hold the event
+    loop: on its own thread, the link still delivers a byte after half the RTT (50 ms of a
+    100 ms RTT) while the caller's loop sleeps 400 ms; an in-loop proxy would deliver it late."""
+    import socket
+    import threading
+
+    from acespec.sim.proxy import ProxyThread
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    arrived: list[float] = []
+
+    def echo():  # a server outside any event loop: the time the byte gets there
+        conn, _ = listener.accept()
+        with conn:
+            data = conn.recv(1)
+            arrived.append(time.perf_counter())
+            conn.sendall(data)
+            conn.recv(1)
+
+    threading.Thread(target=echo, daemon=True).start()
+
+    async def go():
+        proxy = ProxyThread("127.0.0.1", listener.getsockname()[1], spec=LinkSpec(1e6, 1e6, 0.1))
+        r, w = await asyncio.open_connection("127.0.0.1", await proxy.start())
+        w.write(b"x")
+        await w.drain()
+        t0 = time.perf_counter()
+        time.sleep(0.4)  # the edge drafting a long chunk on the loop
+        echoed = await r.readexactly(1)
+        w.close()
+        await proxy.stop()
+        return arrived[0] - t0, echoed, proxy.counts
+
+    one_way, echoed, counts = asyncio.run(asyncio.wait_for(go(), 30))
+    listener.close()
+    assert 0.04 <= one_way <= 0.12, one_way
+    assert echoed == b"x" and counts.up == counts.down == 1
+
+
 def test_sim_link_process_forwards_and_reports(tmp_path):
     import re
     import signal

@@ -144,3 +144,30 @@ def test_emulated_draft_time_pads_each_decode(tiny_pair):
     t0 = time.perf_counter()
     slow.propose(ids[:10], 4, SamplingParams(), None)  # 3 decodes after the cached first
     assert time.perf_counter() - t0 >= 0.06
+
+
+def test_callers_from_several_threads_are_serialised(tiny_pair):
+    """The edge drafts in worker threads while other requests manage their sequences: four
+    threads drafting at once on their own sequences draft what each would alone."""
+    import threading
+
+    tok_dir, _, ggufs = tiny_pair
+    ids = _ids(tok_dir)
+    cfg = LlamaDrafterConfig(n_ctx=512, n_seq_max=5)
+    shared, alone = LlamaDrafter(ggufs["q8_0"], cfg), LlamaDrafter(ggufs["q8_0"], cfg)
+    contexts = [ids[:20 + 5 * i] for i in range(4)]
+    got: dict[int, list[int]] = {}
+
+    def draft(i: int) -> None:
+        for _ in range(3):  # re-drafting reuses, truncates and re-extends the sequence
+            got[i] = shared.propose(contexts[i], 12, SamplingParams(), None, seq=i + 1)\
+                .tokens.tolist()
+            shared.truncate(i + 1, len(contexts[i]) - 3)
+
+    threads = [threading.Thread(target=draft, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == {i: alone.propose(c, 12, SamplingParams(), None).tokens.tolist()
+                   for i, c in enumerate(contexts)}
