@@ -53,8 +53,13 @@ class LinkProxy:
         tasks = [asyncio.create_task(self._pump(reader, up_writer, "up", links[0])),
                  asyncio.create_task(self._pump(up_reader, writer, "down", links[1]))]
         self._tasks.update(tasks)
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._tasks.difference_update(tasks)
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        except asyncio.CancelledError:  # the proxy stops: asyncio's stream callback would
+            for t in tasks:             # log a cancelled connection handler as an error
+                t.cancel()
+        finally:
+            self._tasks.difference_update(tasks)
 
     async def _pump(self, src, dst, direction: str, link: Link | None):
         loop = asyncio.get_running_loop()

@@ -121,7 +121,7 @@ def test_proxy_rtt_and_throughput_match_the_link():
     assert counts.up == counts.down == 25_001
 
 
-def test_proxy_thread_keeps_forwarding_while_the_callers_loop_is_busy():
+def test_proxy_thread_keeps_forwarding_while_the_callers_loop_is_busy(caplog):
     """The bench's proxy shares a process with the edge, whose drafting can hold the event
     loop: on its own thread, the link still delivers a byte after half the RTT (50 ms of a
     100 ms RTT) while the caller's loop sleeps 400 ms; an in-loop proxy would deliver it late."""
@@ -151,14 +151,15 @@ def test_proxy_thread_keeps_forwarding_while_the_callers_loop_is_busy():
         t0 = time.perf_counter()
         time.sleep(0.4)  # the edge drafting a long chunk on the loop
         echoed = await r.readexactly(1)
+        await proxy.stop()  # with the connection still open: stops quietly
         w.close()
-        await proxy.stop()
         return arrived[0] - t0, echoed, proxy.counts
 
     one_way, echoed, counts = asyncio.run(asyncio.wait_for(go(), 30))
     listener.close()
     assert 0.04 <= one_way <= 0.12, one_way
     assert echoed == b"x" and counts.up == counts.down == 1
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
 
 
 def test_sim_link_process_forwards_and_reports(tmp_path):
