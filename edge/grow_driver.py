@@ -29,6 +29,7 @@ from acespec.edge.spec_grow import (
 
 ROOT = -1
 SEND_BATCH = 6  # nodes per Grow message while more growth follows (framing costs ~20 B)
+REACT_SHARE = 0.5  # a line chunk drafts for at most this share of a verifier pass
 RAMP = 2  # drafts in the line's first chunk after a miss (the chunks then double)
 NODE_PASS_S = 5e-4  # what one more node adds to a verifier pass (the 40,0.5 profile)
 NODE_BYTES = 8.0  # uplink bytes one node costs, its share of the message framing included
@@ -121,9 +122,11 @@ class GrowDriver(DecidedDriver):
         return lead
 
     def _chunk(self) -> int:
-        """Drafts per line chunk: `depth`, but no more than one verifier pass's worth of
-        drafting, so a slow drafter still sends something every pass."""
-        return max(1, min(self.depth, int(self.pass_s / max(1e-4, self.run.draft_s))))
+        """Drafts per line chunk: `depth`, but no more than half a verifier pass's worth of
+        drafting: a slow drafter still sends something every pass, and the edge reads the
+        verifier's decisions (a miss above all) between chunks, so it reacts within that."""
+        return max(1, min(self.depth, int(REACT_SHARE * self.pass_s
+                                          / max(1e-4, self.run.draft_s))))
 
     async def _grow_line(self, tip: GNode, n: int) -> bool:
         """Draft n tokens after the line's tip in one drafter call (its own sequence)."""

@@ -229,13 +229,14 @@ class LlamaDrafter:
     @_locked
     def next_logits_many(self, contexts: Sequence[Sequence[int]], seqs: Sequence[int]
                          ) -> np.ndarray:
-        """Logits [k, V] after each context, its own sequence reusing what it holds; the
-        last token of every context is fed in ONE batched decode (several sequence ids per
-        batch), so growing k leaves costs about one decode, not k. Sequences must differ."""
+        """Logits [k, V] after each context, its own sequence reusing what it holds. What
+        every sequence still needs (often one token, a few after a fork) is fed in ONE
+        batched decode (several sequence ids per batch) while it fits n_batch, so growing k
+        leaves costs about one decode, not k. Sequences must differ."""
         if len(set(seqs)) != len(seqs):
             raise ValueError(f"one sequence per context, got {list(seqs)}")
         out: list[np.ndarray | None] = [None] * len(contexts)
-        last: list[tuple[int, int, int]] = []  # (index, seq, token) fed in the shared batch
+        feed: list[tuple[int, int, list[int]]] = []  # (index, seq, tokens still to feed)
         for i, (ctx, seq) in enumerate(zip(contexts, seqs)):
             ctx = list(ctx)
             if not ctx:
@@ -243,15 +244,28 @@ class LlamaDrafter:
             rest = self._reuse(seq, ctx)
             if rest is None:
                 out[i] = self._last[seq]
-                continue
-            if len(rest) > 1:
-                self._feed(seq, rest[:-1])
-            last.append((i, seq, rest[-1]))
-        for start in range(0, len(last), self.config.n_batch):
-            for (i, _, _), row in zip(last[start:start + self.config.n_batch],
-                                      self._feed_many(last[start:start + self.config.n_batch])):
+            else:
+                feed.append((i, seq, rest))
+        for group in self._batches(feed):
+            for (i, _, _), row in zip(group, self._feed_many(group)):
                 out[i] = row
         return np.stack(out)
+
+    def _batches(self, feed: list[tuple[int, int, list[int]]]):
+        """Split the feeds into groups of at most n_batch tokens; a feed longer than that
+        first goes in alone, all but its last n_batch - 1 tokens (its logits are not needed)."""
+        cap, group, used = self.config.n_batch, [], 0
+        for i, seq, rest in feed:
+            if len(rest) > cap:
+                self._feed(seq, rest[:-(cap - 1)])
+                rest = rest[-(cap - 1):]
+            if used + len(rest) > cap:
+                yield group
+                group, used = [], 0
+            group.append((i, seq, rest))
+            used += len(rest)
+        if group:
+            yield group
 
     @_locked
     def propose_many(self, contexts: Sequence[Sequence[int]], sampling: SamplingParams,
@@ -296,22 +310,26 @@ class LlamaDrafter:
         self._last[seq] = out[-1]
         return np.stack(out)
 
-    def _feed_many(self, items: list[tuple[int, int, int]]) -> list[np.ndarray]:
-        """One decode: token t appended to sequence seq for each (_, seq, t); logits rows."""
-        b = self._batch
-        for j, (_, seq, tok) in enumerate(items):
+    def _feed_many(self, items: list[tuple[int, int, list[int]]]) -> list[np.ndarray]:
+        """One decode: tokens appended to sequence seq for each (_, seq, tokens), logits only
+        after each sequence's last token; those rows, in order."""
+        b, j, last = self._batch, 0, []
+        for _, seq, tokens in items:
             held = self._held.setdefault(seq, [])
-            if len(held) + 1 > self.config.n_ctx:
-                raise DrafterError(f"context of {len(held) + 1} tokens exceeds "
+            if len(held) + len(tokens) > self.config.n_ctx:
+                raise DrafterError(f"context of {len(held) + len(tokens)} tokens exceeds "
                                    f"n_ctx={self.config.n_ctx}")
-            b.token[j], b.pos[j], b.n_seq_id[j], b.logits[j] = tok, len(held), 1, True
-            b.seq_id[j][0] = seq
-        b.n_tokens = len(items)
-        self._decode(len(items))
+            for k, tok in enumerate(tokens):
+                b.token[j], b.pos[j], b.n_seq_id[j] = tok, len(held) + k, 1
+                b.seq_id[j][0], b.logits[j] = seq, k == len(tokens) - 1
+                j += 1
+            last.append(j - 1)
+        b.n_tokens = j
+        self._decode(j)
         rows = []
-        for j, (_, seq, tok) in enumerate(items):
-            self._held[seq].append(tok)
-            rows.append(self._logits_row(j))
+        for (_, seq, tokens), row in zip(items, last):
+            self._held[seq].extend(tokens)
+            rows.append(self._logits_row(row))
             self._last[seq] = rows[-1]
         return rows
 

@@ -121,8 +121,14 @@ def test_batched_multi_leaf_draft_equals_sequential_drafting(tiny_pair):
     for seq in (2, 3, 4):
         batched.fork(1, seq, 30 + 2 * seq)
     ctxs = [list(c) for c in leaves]
+    decodes = []
+    real_decode = batched._decode
+    batched._decode = lambda n: (decodes.append(n), real_decode(n))[1]
     for step in range(6):  # grow every leaf one token per step, all in one decode
         rows = batched.next_logits_many(ctxs, [1, 2, 3, 4])
+        # The first step also feeds what the forks lack (1 + 2 + 3 tokens): still one decode.
+        assert decodes == [6 if step == 0 else 4], (step, decodes)
+        decodes.clear()
         for i, ctx in enumerate(ctxs):
             ref = alone.next_logits(ctx, seq=0)
             assert int(rows[i].argmax()) == int(ref.argmax()), (step, i)
