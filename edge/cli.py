@@ -61,6 +61,12 @@ def add_parser(sub) -> None:
     g.add_argument("--tls-ca", help="PEM root certificate: connect with TLS")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object {text, token_ids, stats} at the end")
+    g.add_argument("--chat", action="store_true",
+                   help="PROMPT is a user message: render it with the chat template (the "
+                   "drafter GGUF's, --pair's or --chat-template's) and generate the answer")
+    g.add_argument("--chat-template", metavar="FILE",
+                   help="with --chat: Jinja chat template (messages, add_generation_prompt, "
+                   "bos_token, eos_token) instead of the drafter GGUF's")
     g.set_defaults(func=run_generate)
     sv = esub.add_parser(
         "serve", help="a local OpenAI-compatible server (completions, chat, SSE streaming)",
@@ -227,7 +233,7 @@ def run_generate(args) -> int:
         root_cert = _read_file("--tls-ca", args.tls_ca) if args.tls_ca else None
         pairs.apply(args)
         codec, drafter = _codec_and_drafter(args)
-        prompt = codec.encode(args.prompt)
+        prompt = codec.encode(_chat_prompt(args, drafter) if args.chat else args.prompt)
         _check_context(drafter, prompt, cfg)
     except (ConfigError, ValueError, OSError) as e:
         return fail(EXIT_USAGE, str(e))
@@ -333,6 +339,18 @@ def build_service(args):
                        base=base, chat_template=_chat_template(args, drafter), token=token,
                        metrics=EdgeMetrics(), max_concurrent=n,
                        ctx_per_request=args.ctx_per_request, max_queue=args.max_queue)
+
+
+def _chat_prompt(args, drafter) -> str:
+    """`edge generate --chat`: PROMPT as one user message, rendered for the answer."""
+    if args.chat_template is None and not hasattr(drafter, "chat_template"):
+        raise ValueError("--chat needs a chat template: the n-gram drafter has none; give "
+                         "--chat-template FILE")
+    template = _chat_template(args, drafter)
+    if not template:
+        raise ValueError(f"--chat: the drafter {args.drafter} has no chat template; give "
+                         "--chat-template FILE (or use --pair smollm2)")
+    return pairs.render_chat(template, args.prompt)
 
 
 def _chat_template(args, drafter) -> str | None:

@@ -227,3 +227,26 @@ def test_edge_serve_chat_template_flag(tiny_pair, tiny_hf_dir, tmp_path):
         assert r.choices[0].message.content and r.usage.completion_tokens > 0
         edge.stop(timeout=20)
         cloud.stop()
+
+
+def test_edge_generate_chat(tiny_pair, tiny_hf_dir, tmp_path):
+    """`edge generate --chat MESSAGE` renders the message with the chat template and answers
+    it: the same tokens as `edge generate` on the rendered prompt; with no template anywhere,
+    a one-line error naming --chat."""
+    gguf = str(tiny_pair[2]["q8_0"])
+    tpl = tmp_path / "chat.jinja"
+    tpl.write_text(CHAT)
+    p = acespec("edge", "generate", "hi", "--chat", "--drafter", gguf, timeout=60)
+    assert p.returncode == 2 and "--chat" in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    cloud, addr = verifier("--model", str(tiny_hf_dir))
+    with cloud:
+        common = ("--cloud", addr, "--drafter", gguf, "--max-tokens", "12", "--json")
+        chat = acespec("edge", "generate", "write a loop", "--chat", "--chat-template", str(tpl),
+                       *common, timeout=120)
+        plain = acespec("edge", "generate", "<|user|>write a loop\n<|assistant|>", *common,
+                        timeout=120)
+        cloud.stop()
+    assert chat.returncode == 0 and plain.returncode == 0, chat.stderr[-1000:]
+    got, want = json.loads(chat.stdout), json.loads(plain.stdout)
+    assert got["token_ids"] == want["token_ids"] and len(got["token_ids"]) > 0
