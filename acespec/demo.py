@@ -211,7 +211,8 @@ def _table(figures: dict, link: str, emulate: str) -> None:
     print("| figure | " + " | ".join(modes) + " |")
     print("|---|" + "---|" * len(modes))
     for c in COLUMNS:
-        print(f"| {c} | " + " | ".join(str(figures[m].get(c)) for m in modes) + " |")
+        if any(figures[m].get(c) is not None for m in modes):  # e.g. no RTT timed: no row
+            print(f"| {c} | " + " | ".join(str(figures[m].get(c)) for m in modes) + " |")
     if "ar" in figures and len(modes) > 1 and figures["ar"]["tokens_per_s"]:
         m = modes[0]
         print(f"\n{m} / ar: {figures[m]['tokens_per_s'] / figures['ar']['tokens_per_s']:.2f}x "

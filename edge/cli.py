@@ -282,7 +282,8 @@ def _summary(f: dict) -> str:
     return (f"[{f['mode']}: {f['tokens']} tokens, {f['tokens_per_s']} tok/s, mean acceptance "
             f"length {f['mean_acceptance_length']}, {f['target_forwards_per_token']} target "
             f"forwards/token, wire {f['wire_bytes_up_per_token']} B/token up, "
-            f"{f['wire_bytes_down_per_token']} B/token down, RTT {f['rtt_ms']} ms]")
+            f"{f['wire_bytes_down_per_token']} B/token down"
+            + (f", RTT {f['rtt_ms']} ms]" if f.get("rtt_ms") is not None else "]"))
 
 
 class _Status:

@@ -56,7 +56,10 @@ def test_cloud_serve_then_edge_generate(demo_verifier):
     p = acespec("edge", "generate", PROMPT, "--cloud", demo_verifier, "--mode", "pipeline")
     assert p.returncode == 0, p.stderr[-2000:]
     assert len(p.stdout.strip()) > 0
-    assert "[pipeline:" in p.stderr and "tok/s" in p.stderr
+    assert "[pipeline:" in p.stderr and "tok/s" in p.stderr and "RTT" in p.stderr
+    q = acespec("edge", "generate", PROMPT, "--cloud", demo_verifier, "--max-tokens", "16")
+    assert q.returncode == 0 and "[acespec:" in q.stderr, q.stderr[-2000:]
+    assert "RTT None" not in q.stderr  # the verifier decides: no round trip is timed
     runs = {}
     for mode in ("ar", "acespec"):
         q = acespec("edge", "generate", PROMPT, "--cloud", demo_verifier, "--mode", mode,
