@@ -81,6 +81,22 @@ def _generate(model, tok, prompt, drafter, cfg, spec=SLOW, on=None, fast_verifie
     return run(go())
 
 
+def _slow_edge(tiny_pair, noisy_gguf, emulate_ms: float, max_tokens: int, tree: bool):
+    """A slow drafter (every decode padded to emulate_ms) and `ar`'s text to compare with:
+    (model, tok, prompt, truth, drafter, cfg)."""
+    tok_dir, model, _ = tiny_pair
+    tok = Tokenizer.load(tok_dir)
+    prompt = tok.encode("import os\n")
+    truth, _ = _generate(model, tok, prompt, None,
+                         EngineConfig(mode="ar", max_tokens=max_tokens), spec=FAST,
+                         fast_verifier=True)
+    drafter = LlamaDrafter(noisy_gguf, LlamaDrafterConfig(n_ctx=512, n_seq_max=8,
+                                                          emulate_ms=emulate_ms))
+    cfg = EngineConfig(mode="acespec", depth=4, window=8, max_tokens=max_tokens,
+                       grow_tree=tree)
+    return model, tok, prompt, truth, drafter, cfg
+
+
 def test_a_hit_on_a_guessed_branch_continues_with_no_round_trip(tiny_pair):
     tok_dir, model, _ = tiny_pair
     tok = Tokenizer.load(tok_dir)
@@ -143,14 +159,7 @@ def test_a_verifier_that_finishes_first_loses_nothing(tiny_pair, noisy_gguf, mon
         async def no_linger(inbox, linger_s=10.0):
             return None
         monkeypatch.setattr(VerifierServicer, "_until_half_close", staticmethod(no_linger))
-    tok_dir, model, _ = tiny_pair
-    tok = Tokenizer.load(tok_dir)
-    prompt = tok.encode("import os\n")
-    truth, _ = _generate(model, tok, prompt, None, EngineConfig(mode="ar", max_tokens=16),
-                         spec=FAST, fast_verifier=True)
-    drafter = LlamaDrafter(noisy_gguf, LlamaDrafterConfig(n_ctx=512, n_seq_max=8,
-                                                          emulate_ms=200))
-    cfg = EngineConfig(mode="acespec", depth=4, window=8, max_tokens=16, grow_tree=tree)
+    model, tok, prompt, truth, drafter, cfg = _slow_edge(tiny_pair, noisy_gguf, 200, 16, tree)
     out, stats = _generate(model, tok, prompt, drafter, cfg, spec=FAST, fast_verifier=True)
     assert out == truth
     assert stats.reconnects == 0 if linger else stats.reconnects <= 3
@@ -164,14 +173,7 @@ def test_drafting_leaves_the_event_loop_free(tiny_pair, noisy_gguf, tree):
     import asyncio
     import time
 
-    tok_dir, model, _ = tiny_pair
-    tok = Tokenizer.load(tok_dir)
-    prompt = tok.encode("import os\n")
-    truth, _ = _generate(model, tok, prompt, None, EngineConfig(mode="ar", max_tokens=12),
-                         spec=FAST, fast_verifier=True)
-    drafter = LlamaDrafter(noisy_gguf, LlamaDrafterConfig(n_ctx=512, n_seq_max=8,
-                                                          emulate_ms=150))
-    cfg = EngineConfig(mode="acespec", depth=4, window=8, max_tokens=12, grow_tree=tree)
+    model, tok, prompt, truth, drafter, cfg = _slow_edge(tiny_pair, noisy_gguf, 150, 12, tree)
 
     async def go():
         async with running_verifier(model, tok.vocab_hash(),
