@@ -167,7 +167,7 @@ async def _generate(args, addr: str) -> dict:
             engine = EdgeEngine(lambda: ch, codec.vocab_hash, None if mode == "ar" else drafter,
                                 owns_channels=False)
             cfg = EngineConfig(mode=mode, max_tokens=args.max_tokens, adaptive=mode != "ar",
-                               stop_ids=frozenset({codec.eos_id} - {None}))
+                               stop_ids=codec.stop_ids)
             stream = StreamDecoder(codec)
             if i == 0:
                 print(f"[demo] {mode}: streaming through the link\n", file=sys.stderr, flush=True)

@@ -237,7 +237,7 @@ def run_generate(args) -> int:
         _check_context(drafter, prompt, cfg)
     except (ConfigError, ValueError, OSError) as e:
         return fail(EXIT_USAGE, str(e))
-    cfg = EngineConfig(**{**cfg.__dict__, "stop_ids": frozenset({codec.eos_id} - {None})})
+    cfg = EngineConfig(**{**cfg.__dict__, "stop_ids": codec.stop_ids})
     engine = EdgeEngine(lambda: channel(args.cloud, root_cert), codec.vocab_hash,
                         None if args.mode == "ar" else drafter, token)
     status = _Status(not args.json)
@@ -344,9 +344,6 @@ def build_service(args):
 
 def _chat_prompt(args, drafter) -> str:
     """`edge generate --chat`: PROMPT as one user message, rendered for the answer."""
-    if args.chat_template is None and not hasattr(drafter, "chat_template"):
-        raise ValueError("--chat needs a chat template: the n-gram drafter has none; give "
-                         "--chat-template FILE")
     template = _chat_template(args, drafter)
     if not template:
         raise ValueError(f"--chat: the drafter {args.drafter} has no chat template; give "
@@ -359,7 +356,8 @@ def _chat_template(args, drafter) -> str | None:
     request), else the drafter GGUF's template, else --pair's, else None (chat then answers
     400)."""
     if not args.chat_template:
-        return drafter.chat_template() or (pairs.chat_template(args.pair) if args.pair else None)
+        own = getattr(drafter, "chat_template", None)  # the n-gram drafter has none
+        return (own and own()) or (pairs.chat_template(args.pair) if args.pair else None)
     import jinja2
 
     text = _read_file("--chat-template", args.chat_template).decode("utf-8", "replace")

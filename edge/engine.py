@@ -535,9 +535,24 @@ class _Run:
         draft = await asyncio.to_thread(self.e.drafter.propose, context, n,
                                         self.cfg.serve.sampling, self._draft_rng(len(context)),
                                         seq=seq)
-        self._time_drafts(time.perf_counter() - t0, len(draft))
-        self.stats.drafted += len(draft)
+        self._count_drafts(t0, len(draft))
         return draft
+
+    async def propose_many(self, contexts: list[list[int]], seqs: list[int]) -> list:
+        """One draft token after each context, each in its own sequence: one batched decode
+        in a worker thread (as `propose`) where the drafter batches, else one call each."""
+        drafter = self.e.drafter
+        if not hasattr(drafter, "propose_many"):
+            return [await self.propose(c, 1, s) for c, s in zip(contexts, seqs)]
+        t0 = time.perf_counter()
+        drafts = await asyncio.to_thread(drafter.propose_many, contexts, self.cfg.serve.sampling,
+                                         [self._draft_rng(len(c)) for c in contexts], seqs)
+        self._count_drafts(t0, len(contexts))
+        return drafts
+
+    def _count_drafts(self, t0: float, n: int) -> None:
+        self._time_drafts(time.perf_counter() - t0, n)
+        self.stats.drafted += n
 
     def _time_drafts(self, seconds: float, n: int) -> None:
         if n:

@@ -12,7 +12,6 @@ Leaves are grown several per batched drafter decode, each in its own drafter seq
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from acespec.edge.client import CloudSession
@@ -107,7 +106,7 @@ class GrowDriver(DecidedDriver):
         if not grow:
             return bool(guessed)
         contexts = [run.prompt + run.out + tree.path(n) for n in grow]
-        drafts = await self._propose(contexts, [n.seq for n in grow])
+        drafts = await run.propose_many(contexts, [n.seq for n in grow])
         for n, d in zip(grow, drafts):
             tree.expand(n, int(d.tokens[0]), d.q[0] if d.ranks is None else d.ranks[0],
                         run.rec)
@@ -141,20 +140,6 @@ class GrowDriver(DecidedDriver):
             node = tree.expand(node, int(tok), r, run.rec)
         node.seq, tip.seq = tip.seq, None  # the line goes on in the same sequence
         return True
-
-    async def _propose(self, contexts: list[list[int]], seqs: list[int]):
-        """One draft after each context, in one batched decode (a worker thread, as
-        `run.propose`), timed per leaf."""
-        run = self.run
-        rngs = [run._draft_rng(len(c)) for c in contexts]
-        drafter, sampling = run.e.drafter, run.cfg.serve.sampling
-        if not hasattr(drafter, "propose_many"):
-            return [await run.propose(c, 1, run.seq) for c in contexts]
-        t0 = time.perf_counter()
-        drafts = await asyncio.to_thread(drafter.propose_many, contexts, sampling, rngs, seqs)
-        run._time_drafts((time.perf_counter() - t0) / len(contexts), 1)
-        run.stats.drafted += len(contexts)
-        return drafts
 
     def _seq_for(self, node: GNode, p_of: dict | None = None, busy: set | None = None
                  ) -> int | None:

@@ -147,7 +147,7 @@ class EdgeService:
             req.sampling == "coupled"  # 'exact': the edge decides (tree protocol)
         serve = ServeParams(SamplingParams(req.temperature, req.top_k, req.top_p, coupled),
                             send_mass=self.base.serve.send_mass, k_max=self.base.serve.k_max)
-        stops = frozenset() if req.ignore_eos else frozenset({self.codec.eos_id} - {None})
+        stops = frozenset() if req.ignore_eos else self.codec.stop_ids
         return replace(self.base, serve=serve, seed=seed, max_tokens=req.max_tokens,
                        verifier_decides=coupled,
                        stop_ids=stops, max_reconnects=2, backoff_s=0.1)

@@ -21,6 +21,11 @@ class TextCodec:
     # as with llama.cpp's parse_special and `tokenizers`' added tokens (chat templates need it)
     specials: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """The tokens that end a generation: the end-of-text token, if the vocabulary has one."""
+        return frozenset({self.eos_id} - {None})
+
     def encode(self, text: str) -> list[int]:
         """BOS (unless the text itself starts with it, as a chat template's may) + ids."""
         ids = self._encode_specials(text)
