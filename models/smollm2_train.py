@@ -56,11 +56,13 @@ class Batches:
 
     def __init__(self, teacher: TeacherData, code: np.ndarray, cfg: TrainConfig,
                  code_frac: float, code_rows: int = 4, code_len: int = 256,
-                 n_negative: int = 4096, vocab_size: int = 49152, answer_only: bool = False):
+                 n_negative: int = 4096, vocab_size: int = 49152, answer_only: bool = False,
+                 device: torch.device | str = "cpu"):
         self.t, self.code, self.cfg, self.code_frac = teacher, code, cfg, code_frac
         self.code_rows, self.code_len = code_rows, code_len
         self.n_negative, self.vocab_size, self.answer_only = n_negative, vocab_size, answer_only
         self.max_len = cfg.seq_len + 1
+        self.device = torch.device(device)
         lengths = np.minimum(teacher.lengths, self.max_len)
         order = np.argsort(lengths, kind="stable")
         budget = cfg.batch * cfg.seq_len  # tokens per distillation batch
@@ -117,17 +119,17 @@ class Batches:
         others = np.setdiff1d(np.arange(self.vocab_size), pos, assume_unique=True)
         neg = rng.choice(others, size=min(self.n_negative, len(others)), replace=False)
         corr = np.concatenate([np.zeros(len(pos)), np.full(len(neg), np.log(len(others) / max(1, len(neg))))])
-        self._last = (step, torch.from_numpy(inv.reshape(ids.shape)), torch.from_numpy(p),
-                      torch.from_numpy(scored), torch.from_numpy(np.concatenate([pos, neg])),
-                      torch.from_numpy(corr.astype(np.float32)))
+        arrays = (inv.reshape(ids.shape), p, scored, np.concatenate([pos, neg]),
+                  corr.astype(np.float32))
+        self._last = (step, *(torch.from_numpy(a).to(self.device) for a in arrays))
 
     def forward(self, model, x: torch.Tensor, step: int) -> torch.Tensor:
         """The model's logits [N, C] for the step's candidates at its scored positions."""
         if self._last[0] != step:
             raise RuntimeError("forward called for a step whose batch was not drawn last")
         m = model.model
-        ids = x[:, :-1]
-        rope = model._rope(torch.arange(ids.shape[1]))
+        ids = x[:, :-1].to(self.device)
+        rope = model._rope(torch.arange(ids.shape[1], device=self.device))
         h = m.embed_tokens(ids)
         for layer in m.layers:  # as Transformer.causal_logits, minus the full-width head
             h = h + layer.self_attn.causal(layer.input_layernorm(h), rope)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from acespec import pairs
 from acespec.argtypes import draft_ms, number
+from acespec.sim.datasets import DATASETS
 
 
 def add_parser(sub) -> None:
@@ -60,6 +61,13 @@ def add_bench_parser(sub) -> None:
                    help="comma-separated, from: ar, sd, pipeline, acespec, acespec-chain "
                    "(acespec with one drafted chain instead of the speculation tree)")
     b.add_argument("--prompts", help="JSONL of {id, category, prompt} (default: shipped set)")
+    b.add_argument("--dataset", default="shipped", choices=DATASETS,
+                   help="'shipped' (the shipped prompts or --prompts) or 'sharegpt' (real chats "
+                   "of ShareGPT V3, fetched on first use, rendered with the pair's chat "
+                   "template; categories code/writing/explain/other) (default: %(default)s)")
+    b.add_argument("--split", default="eval", choices=["train", "eval"],
+                   help="--dataset sharegpt: records [0, 12000) or [12000, end), the split no "
+                   "drafter is trained on (default: %(default)s)")
     b.add_argument("--per-category", type=number(int, 1), default=10,
                    help="prompts per category")
     b.add_argument("--max-tokens", type=number(int, 1), default=64)
@@ -105,7 +113,6 @@ def run_bench_cli(args) -> int:
         BENCH_MODES,
         BenchConfig,
         by_category,
-        load_prompts,
         markdown,
         parse_links,
         plot,
@@ -124,7 +131,7 @@ def run_bench_cli(args) -> int:
         bad = [m for m in cfg.modes if m not in BENCH_MODES]
         if bad:
             raise ValueError(f"unknown modes {bad}; available: {', '.join(BENCH_MODES)}")
-        prompts = load_prompts(args.prompts, args.per_category)
+        prompts = _prompts(args)
     except (ValueError, OSError) as e:
         print(f"acespec bench: error: {e}", file=sys.stderr)
         return 2
@@ -147,6 +154,31 @@ def run_bench_cli(args) -> int:
         for f in plot(summary, cats, args.plot):
             print(f"plot: {f}")
     return 0
+
+
+def _prompts(args) -> list[dict]:
+    from acespec.sim.bench import load_prompts
+
+    if args.dataset == "shipped":
+        return load_prompts(args.prompts, args.per_category)
+    if args.prompts:
+        raise ValueError("--prompts and --dataset sharegpt: pass one or the other")
+    from acespec.sim.datasets import sharegpt_prompts
+
+    return sharegpt_prompts(_template(args), args.split, args.per_category)
+
+
+def _template(args) -> str | None:
+    """The chat template of --pair, else of the drafter GGUF (None if it has none)."""
+    if args.pair:
+        return pairs.chat_template(args.pair)
+    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+
+    gguf = LlamaDrafter(args.drafter, LlamaDrafterConfig(n_ctx=16, n_seq_max=1))
+    try:
+        return gguf.chat_template()
+    finally:
+        gguf.close()
 
 
 def _calibrate(args) -> int:

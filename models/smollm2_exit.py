@@ -1,0 +1,282 @@
+"""The SmolLM2-135M-Instruct drafter: the target's own first layers, distilled on ShareGPT.
+
+The drafter is the target cut after its first `layers` of 30 decoder layers (its own
+embedding, final norm and tied head kept), so it starts where the target's own computation
+starts; the layers and the final norm are then trained to predict the target's
+next-token distribution (embedding and head frozen: they are the target's).
+
+Stages, each skipped when its output exists (an interrupted build resumes by chunk/step):
+  answers  the target's own answers (llama.cpp on the Q4_1 GGUF the target is converted
+           from) to first user turns of the ShareGPT *training* split, its top-k kept at
+           every position (what acceptance is measured on: the target's answers);
+  scored   ShareGPT training conversations as written, teacher-forced through the torch
+           target (a parallel prefill: far cheaper per token than generating), top-k kept;
+  eval     the target's greedy answers to prompts of the *evaluation* split, balanced over
+           categories (only `measure` reads them);
+  train    distillation on answers + scored (sampled softmax over the teacher's top-k plus
+           uniform negatives), checkpointed; CUDA when present, else the CPU;
+  export   GGUF F16 and Q8_0 with the target's tokenizer metadata copied;
+  measure  greedy acceptance of the Q8_0 drafter against the eval answers, per category.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from acespec.models.train import TrainConfig
+
+log = logging.getLogger(__name__)
+DONE = ".done"  # a corpus stage that ran its course (budget spent or prompts used up)
+
+
+@dataclass(frozen=True)
+class ExitPreset:
+    layers: int  # decoder layers kept from the target (its first ones)
+    train: TrainConfig
+    n_answer_prompts: int = 6000  # training-split prompts offered to the answer stage
+    answer_minutes: float = 20.0  # time budget of the answer stage (this run)
+    scored_minutes: float = 20.0  # time budget of the teacher-forced stage (this run)
+    scored_len: int = 512  # tokens per teacher-forced conversation at most
+    n_scored: int = 12_000  # training-split conversations offered to the scored stage
+    max_prompt_chars: int = 1500
+    max_new: int = 128
+    greedy_frac: float = 0.7
+    temperature: float = 0.7
+    top_k: int = 32
+    eval_per_category: int = 10
+    eval_new: int = 128
+    depths: tuple[int, ...] = (2, 4, 8)
+    n_seq: int = 16  # llama.cpp sequences decoded side by side
+
+
+PRESETS = {
+    "smollm2": ExitPreset(
+        layers=6,
+        train=TrainConfig(steps=360, batch=8, seq_len=512, lr=5e-4, min_lr_frac=0.1, warmup=15,
+                          weight_decay=0.0, ckpt_every=20, log_every=5)),
+    # Seconds: every stage on a handful of chats (for the test).
+    "tiny": ExitPreset(
+        layers=1, train=TrainConfig(steps=4, batch=2, seq_len=64, warmup=1, ckpt_every=2,
+                                    log_every=2),
+        n_answer_prompts=4, answer_minutes=5, scored_minutes=5, scored_len=64, n_scored=8,
+        max_new=8,
+        eval_per_category=1, eval_new=8, depths=(2,), n_seq=4),
+}
+
+
+def _device():
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def build_answers(target_gguf: Path, work: Path, preset: ExitPreset, seed: int,
+                  minutes: float | None = None) -> Path:
+    """work/answers: the target's answers to training-split prompts (resumable by chunk)."""
+    from acespec.models import sharegpt
+    from acespec.models.smollm2_corpus import LlamaBatch, generate_corpus
+
+    if (work / "answers" / DONE).is_file():
+        return work / "answers"
+    chats = [c for c in sharegpt.records("train") if sharegpt.is_english(c.first_user)
+             and len(c.first_user) <= preset.max_prompt_chars]
+    order = np.random.default_rng([seed, 3]).permutation(len(chats))[:preset.n_answer_prompts]
+    texts = [chats[i].first_user for i in order]
+    model = LlamaBatch(target_gguf, n_seq=preset.n_seq, n_ctx_seq=512 + preset.max_new)
+    minutes = preset.answer_minutes if minutes is None else minutes
+    try:
+        generate_corpus(model, texts, preset.max_new, preset.greedy_frac, preset.temperature,
+                        preset.top_k, seed, work / "answers", chunk=32,
+                        deadline=time.time() + minutes * 60)
+    finally:
+        model.close()
+    (work / "answers" / DONE).touch()
+    return work / "answers"
+
+
+def build_eval(target_gguf: Path, work: Path, preset: ExitPreset, seed: int) -> Path:
+    """work/eval: greedy target answers to evaluation-split prompts, per category."""
+    from acespec.models import sharegpt
+    from acespec.models.smollm2_corpus import LlamaBatch, generate_corpus
+
+    done = work / "eval" / "categories.json"
+    if done.is_file():
+        return done.parent
+    chats = sharegpt.prompts_by_category(sharegpt.records("eval"), preset.eval_per_category,
+                                         max_chars=preset.max_prompt_chars)
+    model = LlamaBatch(target_gguf, n_seq=preset.n_seq, n_ctx_seq=512 + preset.eval_new)
+    try:
+        generate_corpus(model, [c.first_user for c in chats], preset.eval_new, 1.0, 0.0,
+                        preset.top_k, seed, work / "eval", chunk=10_000)
+        kept = [c for c in chats if len(model.tokenize(_render(model, c.first_user)))
+                + preset.eval_new <= model.n_ctx_seq]  # as generate_corpus keeps them
+    finally:
+        model.close()
+    done.write_text(json.dumps([{"index": c.index, "category": c.category} for c in kept]))
+    return done.parent
+
+
+def _render(model, text: str) -> str:
+    from acespec.models.smollm2_corpus import render_chat
+
+    return render_chat(model.chat_template(), text)
+
+
+def build_scored(target_dir: Path, target_gguf: Path, work: Path, preset: ExitPreset, seed: int,
+                 minutes: float | None = None) -> Path:
+    """work/scored: training-split conversations teacher-forced through the torch target."""
+    from acespec.models import sharegpt
+    from acespec.models.smollm2_corpus import LlamaBatch
+    from acespec.models.smollm2_teacher import score_corpus
+
+    if (work / "scored" / DONE).is_file():
+        return work / "scored"
+    chats = sharegpt.records("train")
+    order = np.random.default_rng([seed, 5]).permutation(len(chats))[:preset.n_scored]
+    tok = LlamaBatch(target_gguf, n_seq=1, n_ctx_seq=64)
+    try:
+        score_corpus(target_dir, tok, [chats[i] for i in order], preset.scored_len,
+                     preset.top_k, work / "scored", _device(), per_chunk=min(64, len(order)),
+                     deadline=time.time() + 60 * (preset.scored_minutes
+                                                  if minutes is None else minutes))
+    finally:
+        tok.close()
+    (work / "scored" / DONE).touch()
+    return work / "scored"
+
+
+def train_drafter(target_dir: Path, work: Path, preset: ExitPreset, seed: int):
+    """The drafter (acespec.cloud.model.Transformer), trained or resumed from work/."""
+    import torch
+
+    from acespec.models.smollm2_corpus import load_chunks
+    from acespec.models.smollm2_teacher import cut_target
+    from acespec.models.smollm2_train import Batches, TeacherData
+    from acespec.models.train import train
+
+    parts = [load_chunks(work / d) for d in ("answers", "scored") if any((work / d).glob("chunk-*"))]
+    teacher = TeacherData.from_chunks({k: np.concatenate([p[k] for p in parts])
+                                       for k in ("ids", "lengths", "n_prompt", "top_ids", "top_p")})
+    cfg, device = replace(preset.train, seed=seed), _device()
+    torch.set_num_threads(cfg.threads)
+    model = cut_target(target_dir, preset.layers).to(device)
+    model.model.embed_tokens.weight.requires_grad_(False)  # tied head: the target's own
+    batches = Batches(teacher, np.zeros(8, np.uint16), cfg, 0.0, device=device)
+    log.info("training on %s: %d sequences, %d tokens (%d answer tokens), %d batches per epoch",
+             device, len(teacher.lengths), len(teacher.ids),
+             int((teacher.lengths - teacher.n_prompt).sum()), len(batches.buckets))
+    return train(model.args, cfg, np.zeros(8, np.uint16), work / "drafter.ckpt", label="drafter",
+                 loss_fn=batches.loss, batches=batches, model=model, forward=batches.forward)
+
+
+def measure(gguf_path: Path, work: Path, depths: tuple[int, ...]) -> dict:
+    """{category or "all": {depth: tokens per target step}} on the eval answers."""
+    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.models.smollm2_corpus import load_chunks
+    from acespec.models.smollm2_drafter import greedy_acceptance
+
+    chats = load_chunks(work / "eval")
+    cats = [c["category"] for c in json.loads((work / "eval" / "categories.json").read_text())]
+    drafter = LlamaDrafter(gguf_path, LlamaDrafterConfig(n_ctx=1024, n_seq_max=1, n_threads=1))
+    offsets = np.concatenate([[0], np.cumsum(chats["lengths"])])
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for cat in [*sorted(set(cats)), "all"]:
+            rows = [i for i, c in enumerate(cats) if cat in ("all", c)]
+            sub = {"ids": np.concatenate([chats["ids"][offsets[i]:offsets[i + 1]] for i in rows]),
+                   "lengths": chats["lengths"][rows], "n_prompt": chats["n_prompt"][rows]}
+            out[cat] = {str(d): round(greedy_acceptance(drafter, sub, d), 3) for d in depths}
+            out[cat]["chats"] = len(rows)
+            log.info("%s %s: %s", gguf_path.name, cat, out[cat])
+    finally:
+        drafter.close()
+    return out
+
+
+def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
+          preset_name: str = "smollm2", seed: int = 0) -> dict:
+    """Every stage; returns the card's figures (also out/build.json and out/README.md)."""
+    from acespec.models.gguf_export import export_gguf
+    from acespec.models.smollm2_corpus import load_chunks
+
+    preset = PRESETS[preset_name]
+    out, work = Path(out), Path(work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    _timed(work, "eval", lambda: build_eval(target_gguf, work, preset, seed))
+    _timed(work, "answers", lambda: build_answers(target_gguf, work, preset, seed))
+    _timed(work, "scored", lambda: build_scored(target_dir, target_gguf, work, preset, seed))
+    model = _timed(work, "train", lambda: train_drafter(target_dir, work, preset, seed)).cpu()
+    files = {ft: export_gguf(model, None, out / f"drafter-{ft}.gguf", ftype=ft,
+                             name="acespec-smollm2-drafter", context_length=8192,
+                             tokenizer_gguf=target_gguf) for ft in ("f16", "q8_0")}
+    t0 = time.time()
+    acc = measure(files["q8_0"], work, preset.depths)
+    corpus = {d: load_chunks(work / d) for d in ("answers", "scored")}
+    card = {
+        "kind": "exit", "preset": preset_name, "seed": seed, "layers": preset.layers,
+        "drafter": asdict(model.args), "train": asdict(replace(preset.train, seed=seed)),
+        "params": sum(p.numel() for p in model.parameters()),
+        "trained_params": sum(p.numel() for n, p in model.named_parameters()
+                              if "embed_tokens" not in n),
+        "corpus": {d: {"sequences": int(len(c["lengths"])), "tokens": int(len(c["ids"]))}
+                   for d, c in corpus.items()},
+        "top_k": preset.top_k, "eval_new_tokens": preset.eval_new,
+        "greedy_acceptance": acc,
+        "minutes": {**json.loads((work / "times.json").read_text()),
+                    "measure": round((time.time() - t0) / 60, 1)},
+        "files": {ft: {"name": p.name, "bytes": p.stat().st_size} for ft, p in files.items()},
+    }
+    (out / "build.json").write_text(json.dumps(card, indent=2) + "\n")
+    return card
+
+
+def _timed(work: Path, name: str, fn):
+    """Run a stage and record its minutes in work/times.json (added up over sittings)."""
+    path = work / "times.json"
+    t0 = time.time()
+    result = fn()
+    times = json.loads(path.read_text()) if path.is_file() else {}
+    times[name] = round(times.get(name, 0) + (time.time() - t0) / 60, 1)
+    path.write_text(json.dumps(times))
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from acespec.models.smollm2 import fetch
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("stage", choices=["eval", "answers", "scored", "train", "all"])
+    p.add_argument("--out", default="models/smollm2")
+    p.add_argument("--work", default="runs/build-smollm2-drafter")
+    p.add_argument("--preset", default="smollm2", choices=sorted(PRESETS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--minutes", type=float, help="this run's budget for answers/scored")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    paths, preset, work = fetch(), PRESETS[a.preset], Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    if a.stage == "eval":
+        build_eval(paths["gguf"], work, preset, a.seed)
+    elif a.stage == "answers":
+        _timed(work, "answers", lambda: build_answers(paths["gguf"], work, preset, a.seed, a.minutes))
+    elif a.stage == "scored":
+        _timed(work, "scored", lambda: build_scored(paths["target"], paths["gguf"], work, preset,
+                                                    a.seed, a.minutes))
+    elif a.stage == "train":
+        _timed(work, "train", lambda: train_drafter(paths["target"], work, preset, a.seed))
+    else:
+        print(json.dumps(build(paths["target"], paths["gguf"], Path(a.out), work, a.preset,
+                               a.seed)["greedy_acceptance"]))
+
+
+if __name__ == "__main__":
+    main()
