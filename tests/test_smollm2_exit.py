@@ -1,0 +1,106 @@
+"""The SmolLM2 drafter build (the target's first layers, distilled on ShareGPT) on its tiny
+preset, end to end with the real target: every stage runs, the GGUF loads in llama.cpp and
+tokenizes as the target does, a rerun resumes, and no training stage reads the eval split."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("gguf")
+pytest.importorskip("llama_cpp")
+
+pytestmark = pytest.mark.slow
+TEXTS = ["<|im_start|>user\nWrite a function that checks for primes.<|im_end|>\n",
+         "def f(x):\n\treturn x**2  # ok\n", "Ünïcödé naïve café ß 😀👍🏽 数字 123456",
+         "  leading spaces and trailing  ", "'s 're 'll don't\r\n\x00ctrl"]
+
+
+@pytest.fixture(scope="module")
+def built(chat_cache, tmp_path_factory):
+    from acespec.models import sharegpt
+    from acespec.models.smollm2 import GGUF_NAME
+    from acespec.models.smollm2_exit import build
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ACESPEC_CACHE_DIR", str(chat_cache))
+    asked: list[tuple[str, str]] = []  # (stage, split) of every records() call
+    real = sharegpt.records
+
+    def spy(split, *a, **kw):
+        import traceback
+
+        stage = next((f.name for f in reversed(traceback.extract_stack())
+                      if f.name.startswith(("build_", "train_"))), "?")
+        asked.append((stage, split))
+        return real(split, *a, **kw)
+
+    mp.setattr(sharegpt, "records", spy)
+    out = tmp_path_factory.mktemp("smollm2-exit")
+    gguf = chat_cache / "smollm2" / GGUF_NAME
+    card = build(chat_cache / "smollm2" / "target", gguf, out / "out", out / "work", "tiny")
+    yield gguf, out, card, asked
+    mp.undo()
+
+
+def test_training_stages_read_only_the_training_split(built):
+    *_, asked = built
+    assert ("build_eval", "eval") in asked
+    train_side = {split for stage, split in asked if stage != "build_eval"}
+    assert train_side == {"train"}, asked
+    assert {stage for stage, _ in asked} >= {"build_answers", "build_scored"}
+
+
+def test_gguf_loads_and_tokenizes_like_the_target(built):
+    from acespec.models.smollm2_corpus import LlamaBatch
+
+    gguf, out, card, _ = built
+    t = LlamaBatch(gguf, n_seq=1, n_ctx_seq=256)
+    d = LlamaBatch(out / "out" / "drafter-q8_0.gguf", n_seq=1, n_ctx_seq=256)
+    assert d.vocab_size == t.vocab_size == 49152 and d.eos_id == t.eos_id
+    assert d.chat_template() == t.chat_template()
+    for text in TEXTS:
+        for special in (True, False):
+            assert d.tokenize(text, special) == t.tokenize(text, special), text
+    ids, p = d.topk(t.tokenize(TEXTS[0]), 4)
+    assert ids.shape == (len(t.tokenize(TEXTS[0])), 4) and np.isfinite(p.astype(float)).all()
+    assert card["drafter"]["num_layers"] == 1 and card["layers"] == 1
+
+
+def test_card_reports_acceptance_per_category(built):
+    _, out, card, _ = built
+    saved = json.loads((out / "out" / "build.json").read_text())
+    assert saved["greedy_acceptance"] == card["greedy_acceptance"]
+    acc = card["greedy_acceptance"]
+    assert set(acc) == {"code", "writing", "explain", "other", "all"}
+    assert all(1.0 <= acc[c]["2"] <= 3.0 for c in acc)
+    assert acc["all"]["chats"] == sum(acc[c]["chats"] for c in acc if c != "all")
+    assert card["corpus"]["answers"]["sequences"] > 0 and card["corpus"]["scored"]["sequences"] > 0
+
+
+def test_cut_target_keeps_the_targets_first_layers(chat_cache):
+    import torch
+
+    from acespec.cloud.loader import load_model
+    from acespec.models.smollm2_teacher import cut_target
+
+    full = load_model(chat_cache / "smollm2" / "target")
+    cut = cut_target(chat_cache / "smollm2" / "target", 2)
+    assert cut.args.num_layers == 2
+    for name, p in cut.state_dict().items():
+        if name != "model.norm.weight":  # rescaled to the target's logit spread
+            assert torch.equal(p, full.state_dict()[name]), name
+    with pytest.raises(ValueError, match=r"layers must be in \[1, 30\]"):
+        cut_target(chat_cache / "smollm2" / "target", 31)
+
+
+def test_resume_skips_finished_stages(built, chat_cache):
+    from acespec.models.smollm2_exit import build
+
+    gguf, out, card, _ = built
+    again = build(chat_cache / "smollm2" / "target", gguf, out / "out", out / "work", "tiny")
+    assert again["greedy_acceptance"] == card["greedy_acceptance"]
+    assert again["corpus"] == card["corpus"]
