@@ -76,8 +76,11 @@ def add_parser(sub) -> None:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=number(int, 1, 65535), default=8000)
     sv.add_argument("--cloud", default="localhost:50051", help="verifier HOST:PORT")
-    sv.add_argument("--drafter", default=str(DEMO_DRAFTER), help="drafter GGUF")
+    sv.add_argument("--drafter", default=str(DEMO_DRAFTER),
+                    help="drafter GGUF, or 'ngram' (prompt lookup; tokenizes with --tokenizer)")
     pairs.add_argument(sv, drafter="drafter")
+    sv.add_argument("--tokenizer", default=str(DEMO_TARGET),
+                    help="tokenizer.json or its folder, used with --drafter ngram")
     _add_engine_args(sv, "acespec")
     sv.add_argument("--send-mass", type=number(float, 0.0, 1.0, lo_open=True), default=0.9)
     cap = sv.add_argument_group(
@@ -92,6 +95,18 @@ def add_parser(sub) -> None:
     cap.add_argument("--max-queue", type=number(int, 0, 2**20), default=64,
                      help="generations waiting for a slot (default: %(default)s)")
     sv.add_argument("--model-name", default="acespec", help="the model id clients send")
+    sec = sv.add_argument_group(
+        "who may call (a web page must not drive a local API: requests with an Origin header "
+        "and Host names other than localhost/loopback/--host are refused)")
+    sec.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                     help="accept requests from this browser origin, e.g. "
+                     "http://localhost:3000 ('*': any); repeatable (default: none)")
+    sec.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                     help="accept this Host name too, e.g. the machine's LAN name when "
+                     "serving on 0.0.0.0 ('*': any); repeatable")
+    sec.add_argument("--api-key", help="require Authorization: Bearer KEY on /v1/*")
+    sec.add_argument("--max-body-bytes", type=number(int, 1024, 1 << 30), default=4 << 20,
+                     help="largest request body; larger ones get 413 (default: %(default)s)")
     sv.add_argument("--chat-template", metavar="FILE",
                     help="Jinja chat template for /v1/chat/completions (messages, "
                     "add_generation_prompt, bos_token, eos_token), used instead of the "
@@ -327,7 +342,9 @@ def build_service(args):
     token = read_token_file(args.auth_token_file) if args.auth_token_file else None
     root_cert = _read_file("--tls-ca", args.tls_ca) if args.tls_ca else None
     n = args.max_concurrent
-    if args.mode == "ar":  # the drafter only tokenizes
+    if args.drafter == "ngram":  # no model: lookup in the context, any number of sequences
+        codec, drafter = _codec_and_drafter(args)
+    elif args.mode == "ar":  # the drafter only tokenizes
         codec, drafter = _llama_codec_and_drafter(args.drafter, n_ctx=256, n_seq_max=1)
     else:  # each generation: a main sequence and its tree's; seq 0 stays free for tools
         per_request = args.ctx_per_request + base.drafter_reserve()
@@ -382,6 +399,10 @@ def run_serve(args) -> int:
     print(f"acespec edge listening on http://{args.host}:{args.port} (model "
           f"{args.model_name!r}, mode {args.mode}, verifier {args.cloud})", flush=True)
     # A request in flight must not hold SIGTERM hostage: after 5 s uvicorn cancels it.
-    uvicorn.run(create_app(svc), host=args.host, port=args.port, log_level="warning",
+    from acespec.edge.api_guard import GuardConfig
+
+    guard = GuardConfig.for_bind(args.host, args.allow_host, args.allow_origin, args.api_key,
+                                 args.max_body_bytes)
+    uvicorn.run(create_app(svc, guard), host=args.host, port=args.port, log_level="warning",
                 timeout_graceful_shutdown=5)
     return 0

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
+from acespec.edge.api_guard import ApiGuard, GuardConfig
 from acespec.edge.live_nodes import VerifierUnfit
 from acespec.edge.openai_types import ApiError, parse_request
 from acespec.edge.server import EdgeService, complete, stream
@@ -57,7 +58,9 @@ class EdgeMetrics:
 async def _read_json(request: Request):
     try:
         return await request.json()
-    except (ValueError, UnicodeDecodeError):  # JSONDecodeError, or an over-long integer
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"request body is not valid UTF-8 (byte {e.start})") from None
+    except ValueError:  # JSONDecodeError, or an over-long integer
         raise ApiError(400, "request body is not valid JSON") from None
     except RecursionError:
         raise ApiError(400, "request body is not valid JSON: nested too deeply") from None
@@ -107,7 +110,13 @@ def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
-def create_app(svc: EdgeService) -> Starlette:
+def create_app(svc: EdgeService, guard: GuardConfig | None = None):
+    """The ASGI app: the routes, behind ApiGuard when `guard` is given (edge serve does)."""
+    app = _routes(svc)
+    return ApiGuard(app, guard) if guard is not None else app
+
+
+def _routes(svc: EdgeService) -> Starlette:
     async def completions(request: Request, chat: bool):
         endpoint = "chat" if chat else "completions"
         try:
@@ -115,7 +124,7 @@ def create_app(svc: EdgeService) -> Starlette:
             if req.model != svc.model_name:
                 raise ApiError(404, f"model {req.model!r} does not exist; this server serves "
                                f"{svc.model_name!r}", "model", code="model_not_found")
-            prompt = svc.prompt_tokens(req)
+            prompt = await asyncio.to_thread(svc.prompt_tokens, req)  # off the loop: it can be long
             release = svc.admit(req.n)
             if req.stream:
                 svc.metrics.requests.labels(endpoint, "200").inc()

@@ -23,10 +23,23 @@ class ApiError(Exception):
                           "code": self.code}}
 
 
+ROLES = ("system", "user", "assistant")
+# OpenAI parameters this server does not implement, with the value that means "off" (those
+# are accepted; anything else is a 400 naming the parameter, never silently ignored).
+# logit_bias and the penalties would change the served distribution: they belong at the
+# verifier, which does not take them; logprobs would need the verifier's distributions.
+UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
+               "best_of": (None, 1), "suffix": (None, ""), "logit_bias": (None, {}),
+               "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+               "repetition_penalty": (None, 1), "tools": (None, []), "functions": (None, []),
+               "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
+               "min_p": (None, 0), "prediction": (None,)}
+
+
 @dataclass
 class CompletionRequest:
     model: str
-    prompt: str
+    prompt: str | list[tuple[str, bool]]  # text, or chat (text, is_markup) pieces
     chat: bool
     max_tokens: int = 16
     temperature: float = 1.0
@@ -40,6 +53,35 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     user: str | None = None
+    parse_special: bool = False  # /v1/completions: control tokens spelled in the prompt count
+
+
+def _text(value, param: str) -> str:
+    """A string that is valid Unicode text (JSON can spell a lone surrogate, "\\ud800",
+    which no tokenizer can encode): 400 naming the field otherwise."""
+    if not isinstance(value, str):
+        raise ApiError(400, f"'{param}' must be a string", param)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(400, f"'{param}' is not valid Unicode text: a lone surrogate "
+                       f"(\\u{ord(value[e.start]):04x}) at character {e.start}", param) from None
+    return value
+
+
+def _unsupported(body: dict) -> None:
+    for name, off in UNSUPPORTED.items():
+        if name in body and not any(body[name] == v and type(body[name]) is type(v)
+                                    for v in off if v is not None) and body[name] is not None:
+            raise ApiError(400, f"'{name}' is not supported by this server (accepted only "
+                           f"as {' or '.join(json_repr(v) for v in off)})", name,
+                           code="unsupported_parameter")
+
+
+def json_repr(v) -> str:
+    import json
+
+    return json.dumps(v)
 
 
 def _num(body: dict, name: str, kind, default, lo=None, hi=None):
@@ -73,24 +115,19 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required", "model")
+    _unsupported(body)
     if chat:
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str) for m in msgs):
-            raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects",
-                           "messages")
-        prompt = render_chat(msgs)
+        prompt = render_chat(_messages(body.get("messages")))
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise ApiError(400, "'prompt' must be a string", "prompt")
+        prompt = _text(prompt, "prompt")
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
         raise ApiError(400, "'stop' must be a string or a list of up to 4 non-empty strings", "stop")
+    stop = [_text(x, f"stop[{i}]") for i, x in enumerate(stop)]
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", "stream_options")
@@ -106,7 +143,24 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
         sampling=_sampling(body), ignore_eos=_bool(body, "ignore_eos", False),
         n=_num(body, "n", int, 1, 1, 8), stop=stop, stream=_bool(body, "stream", False),
         include_usage=_bool(options, "include_usage", False, "stream_options.include_usage"),
-        user=body.get("user") if isinstance(body.get("user"), str) else None)
+        user=body.get("user") if isinstance(body.get("user"), str) else None,
+        parse_special=not chat and _bool(body, "parse_special", False))
+
+
+def _messages(msgs) -> list[dict]:
+    """Chat messages checked: roles from ROLES only (a role is template markup), content
+    valid text (what it spells stays text: see edge.text.chat_segments)."""
+    if not isinstance(msgs, list) or not msgs or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str) for m in msgs):
+        raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects",
+                       "messages")
+    for i, m in enumerate(msgs):
+        if m["role"] not in ROLES:
+            raise ApiError(400, f"'messages[{i}].role' must be one of {', '.join(ROLES)}, got "
+                           f"{m['role']!r:.40}", f"messages[{i}].role")
+        _text(m["content"], f"messages[{i}].content")
+    return [{"role": m["role"], "content": m["content"]} for m in msgs]
 
 
 def _sampling(body: dict) -> str | None:

@@ -27,7 +27,7 @@ from acespec.edge.openai_types import (
     new_id,
     usage,
 )
-from acespec.edge.text import StreamDecoder, TextCodec
+from acespec.edge.text import StreamDecoder, TextCodec, chat_segments
 from acespec.shared.config import SamplingParams
 from acespec.shared.served import ServeParams
 
@@ -77,7 +77,11 @@ class EdgeService:
     def prompt_tokens(self, req: CompletionRequest) -> list[int]:
         """The prompt's token ids; ApiError 400 if the request cannot fit one generation's
         share of the drafter context (it would fail mid-way, or starve the others)."""
-        prompt = self.codec.encode(req.prompt)
+        if isinstance(req.prompt, list):  # chat: control tokens from the template only
+            prompt = self.codec.encode_parts(req.prompt)
+        else:  # completions: text, unless the caller asked for its control tokens
+            prompt = self.codec.encode(req.prompt) if req.parse_special else \
+                self.codec.encode_parts([(req.prompt, False)])
         need = len(prompt) + req.max_tokens
         if self.drafter is not None and need > self.ctx_per_request:
             param = ("messages" if req.chat else "prompt") \
@@ -128,17 +132,19 @@ class EdgeService:
         first = self.max_concurrent + 1 + (seq - 1) * GROW_SEQS
         return list(range(first, first + GROW_SEQS))
 
-    def render_chat(self, messages: list[dict]) -> str:
+    def render_chat(self, messages: list[dict]) -> list[tuple[str, bool]]:
+        """The chat prompt as (text, is_markup) pieces (edge.text.chat_segments)."""
         if not self.chat_template:
             raise ApiError(400, f"model {self.model_name!r} has no chat template; use "
                            "/v1/completions", "messages")
         import jinja2
 
-        env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+        template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(
+            self.chat_template)
         try:
-            return env.from_string(self.chat_template).render(
-                messages=messages, add_generation_prompt=True, bos_token="", eos_token="")
-        except jinja2.TemplateError as e:
+            return chat_segments(lambda msgs: template.render(
+                messages=msgs, add_generation_prompt=True, bos_token="", eos_token=""), messages)
+        except (jinja2.TemplateError, ValueError) as e:
             raise ApiError(400, f"chat template failed: {e}", "messages") from None
 
     def config(self, req: CompletionRequest, index: int) -> EngineConfig:

@@ -32,6 +32,15 @@ class TextCodec:
         bos = [self.bos_id] if self.bos_id is not None and ids[:1] != [self.bos_id] else []
         return bos + ids
 
+    def encode_parts(self, parts: Sequence[tuple[str, bool]]) -> list[int]:
+        """BOS + ids of (text, is_markup) pieces (see `chat_segments`): control tokens are
+        parsed in markup only; everything else is text, whatever it spells."""
+        ids: list[int] = []
+        for text, markup in parts:
+            ids += self._encode_specials(text) if markup else list(self.encode_fn(text))
+        bos = [self.bos_id] if self.bos_id is not None and ids[:1] != [self.bos_id] else []
+        return bos + ids
+
     def _encode_specials(self, text: str) -> list[int]:
         if not self.specials or not any(s in text for s in self.specials):
             return list(self.encode_fn(text))
@@ -104,3 +113,29 @@ class StreamDecoder:
 
     def finish(self) -> str:
         return self._utf8.decode(b"", final=True)
+
+
+# A placeholder for message content while the chat template renders: control characters a
+# template has no reason to touch, and no tokenizer's special token looks like them.
+_SLOT = "\x00\x01acespec-content-{}\x01\x00"
+_SLOT_RE = re.compile("\x00\x01acespec-content-(\\d+)\x01\x00")
+
+
+def chat_segments(render: Callable[[list[dict]], str], messages: list[dict]
+                  ) -> list[tuple[str, bool]]:
+    """The chat prompt as (text, is_markup) pieces: `render` (the chat template) sees every
+    message's content as a placeholder, so only the template's own text is markup, in which
+    control tokens are parsed; content comes back verbatim as plain text. A template that
+    rewrites content (strip, truncate) gets it rendered in place as text too."""
+    slots = [{**m, "content": _SLOT.format(i)} for i, m in enumerate(messages)]
+    rendered, out, pos, seen = render(slots), [], 0, []
+    for m in _SLOT_RE.finditer(rendered):
+        seen.append(int(m.group(1)))
+        out.append((rendered[pos:m.start()], True))
+        out.append((messages[seen[-1]]["content"], False))
+        pos = m.end()
+    out.append((rendered[pos:], True))
+    if sorted(seen) != list(range(len(messages))):  # a placeholder dropped or repeated
+        raise ValueError("the chat template does not render each message's content once")
+    return [(t, markup) for t, markup in out if t]
+
