@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from acespec.cloud.errors import InvalidArgument
+from acespec.cloud.errors import InvalidArgument, ResourceExhausted
 from acespec.shared.coupled import coupled_target
 from acespec.shared.served import ServeParams, sample_served, served
 
@@ -50,6 +50,7 @@ class DecideLimits:
     stop: frozenset[int] = frozenset()  # a decided stop token ends the session (it is sent)
     context: int = 4096  # positions the model has (max_position_embeddings)
     pass_nodes: int = 64  # most drafts scored in one pass
+    max_pending: int = 2048  # most pending Drafts nodes (2x the edge's largest window)
     vocab: int = 1 << 32  # token ids must be below this
 
 
@@ -126,14 +127,11 @@ class DecidedSession:
             self._check_base(anchor, "Grow.anchor")
         self._check_vocab(tokens, "Grow.tokens")
         if len(self.live) + len(tokens) > 8 * self.limits.pass_nodes:
-            raise InvalidArgument(f"Grow: {len(self.live) + len(tokens)} pending nodes would "
-                                  f"exceed {8 * self.limits.pass_nodes}; wait for Decided")
-        for p in parents:
-            if p != ROOT and p < self.next_id and p not in self.nodes:
-                raise InvalidArgument(f"Grow: parent node {p} was decided more than {HORIZON}"
-                                      " positions ago; anchor at the decided text instead")
+            raise ResourceExhausted(f"Grow: {len(self.live) + len(tokens)} pending nodes would "
+                                    f"exceed {8 * self.limits.pass_nodes}; wait for Decided")
         for t, p in zip(tokens, parents):
             self._add(int(t), int(p), anchor)
+        self._forget()
 
     def apply_drafts(self, position: int, behind: int, tokens: Sequence[int]) -> None:
         """The edge's text is decided[:position - behind] + its earlier drafts up to
@@ -147,10 +145,17 @@ class DecidedSession:
         self._check_vocab(tokens, "Drafts.tokens")
         for pos in [p for p in self.chain if p >= position]:  # replaced by these tokens
             self._kill(self.chain.pop(pos))
+        lead = position + len(tokens) - self.end
+        if len(self.live) + len(tokens) > self.limits.max_pending or lead > self.limits.max_pending:
+            raise ResourceExhausted(
+                f"Drafts: {len(self.live) + len(tokens)} pending drafts reaching {lead} "
+                f"positions past the decided text would exceed {self.limits.max_pending}; "
+                "wait for Decided")
         parent = self.chain[position - 1] if behind else ROOT
         for i, t in enumerate(tokens):
             self.chain[position + i] = self.next_id
             parent = self._add(int(t), parent, position)
+        self._forget()
 
     def _check_base(self, base: int, what: str) -> None:
         if not self.prompt_len <= base <= self.end:
@@ -165,10 +170,13 @@ class DecidedSession:
                                   f"[0, {self.limits.vocab})")
 
     def _add(self, token: int, parent: int, anchor: int) -> int:
-        """Append one node; its state follows from its parent's. Returns its id."""
+        """Append one node; its state follows from its parent's. Returns its id. A node
+        below a forgotten one (dead, or decided long ago) is dead at once and not kept."""
         nid = self.next_id
         self.next_id += 1
         self.counts.drafts_received += 1
+        if parent != ROOT and parent not in self.nodes:
+            return nid
         position = anchor if parent == ROOT else self.nodes[parent].position + 1
         node = self.nodes[nid] = Claim(token, parent, position)
         self._settle(nid, node)
@@ -292,13 +300,15 @@ class DecidedSession:
             self._settle(nid, self.nodes[nid])
 
     def _forget(self) -> None:
-        """Drop settled nodes far behind the decided end (the edge no longer refers to them)."""
-        if len(self.nodes) <= 4 * HORIZON:
+        """Drop dead nodes, and decided ones far behind the decided end: what the session
+        holds stays O(pending + HORIZON) however many drafts die (a node that names a
+        forgotten parent is dead; see _add)."""
+        if len(self.nodes) <= 2 * HORIZON:
             return
         old = self.end - HORIZON
         self.nodes = {i: n for i, n in self.nodes.items()
-                      if n.state == PENDING or n.position >= old}
-        self.chain = {p: i for p, i in self.chain.items() if i in self.nodes}
+                      if n.state == PENDING or (n.state == MATCHED and n.position >= old)}
+        self.chain = {p: i for p, i in self.chain.items() if p >= old}  # ids may be forgotten
 
 
 _TOP = Claim(token=-1, parent=ROOT, position=-1, state=MATCHED)  # stands for ROOT
