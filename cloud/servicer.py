@@ -61,6 +61,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.engine, self.auth_tokens = engine, auth_tokens
         self.idle_timeout_s, self.default_params = idle_timeout_s, default_params
         self.write_timeout_s = write_timeout_s
+        self._last_io: dict[int, float] = {}  # id(context) -> last message either way
 
     # -- boundary helpers ---------------------------------------------------------
 
@@ -98,15 +99,26 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             self.engine.metrics.message_bytes.labels(direction).inc(msg.ByteSize())
 
     async def _read(self, context):
+        """The next uplink message. A session is idle when nothing crossed the stream either
+        way for idle_timeout_s: one the verifier is decoding on its own is not."""
+        read = asyncio.ensure_future(context.read())  # waited on, not cancelled, while live
         try:
-            msg = await asyncio.wait_for(context.read(), self.idle_timeout_s)
-        except asyncio.TimeoutError:
-            raise DeadlineExceeded(f"session idle for more than {self.idle_timeout_s:g} s "
-                                   "(--idle-timeout); its KV was freed") from None
+            while not read.done():
+                last = self._last_io.setdefault(id(context), time.monotonic())
+                left = last + self.idle_timeout_s - time.monotonic()
+                if left <= 0:
+                    raise DeadlineExceeded(f"session idle for more than {self.idle_timeout_s:g}"
+                                           " s (--idle-timeout: no message either way); its "
+                                           "KV was freed")
+                await asyncio.wait({read}, timeout=left)
+            msg = read.result()
         except DecodeError as e:
             raise InvalidArgument(f"malformed Uplink message: {e}") from None
         except ExecuteBatchError:
             raise ClientGone from None
+        finally:
+            read.cancel()  # a no-op once it is done
+        self._last_io[id(context)] = time.monotonic()
         if msg is not grpc.aio.EOF:
             self._count("up", msg)
         return msg
@@ -115,6 +127,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         """Send one message; a client that stops reading blocks this once its flow-control
         window is full, and the idle timeout (a read timeout) no longer applies: bound it."""
         self._count("down", msg)
+        self._last_io[id(context)] = time.monotonic()
         try:
             await asyncio.wait_for(context.write(msg), self.write_timeout_s)
         except asyncio.TimeoutError:
@@ -138,6 +151,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             await self._fail(context, e, f"session {opened[0] if opened else '(unopened)'}")
         finally:
             self._close(opened)
+            self._last_io.pop(id(context), None)
 
     def _close(self, opened: list[str]) -> None:
         self.engine.close(opened[0] if opened else None)
@@ -350,3 +364,5 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             raise
         except Exception as e:  # noqa: BLE001 - domain errors keep their code; others INTERNAL
             await self._fail(context, e, "Generate")
+        finally:
+            self._last_io.pop(id(context), None)

@@ -250,3 +250,31 @@ def test_graceful_stop_drains_open_sessions_and_refuses_new(target):
 
     toks, (code, _) = run(go())
     assert toks == expected[:2] and code.name == "UNAVAILABLE"
+
+
+def test_a_decided_session_decoding_alone_is_not_idle(target):
+    """--idle-timeout counts messages both ways: a decided session whose edge sends nothing
+    after Open while the verifier decodes (slow passes) runs to done=true."""
+    from acespec.cloud.batcher import StepEmulation
+
+    model, vh, prompt, _ = target
+    cfg = ServerConfig(idle_timeout_s=0.5, emulation=StepEmulation(150.0, 0.0))
+
+    async def go():
+        async with running_verifier(model, vh, cfg) as (_, addr), channel(addr) as ch:
+            call = raw_call(ch)
+            await call.write(pb.Uplink(open=pb.Open(
+                protocol_version=1, vocab_hash=vh, prompt_tokens=prompt,
+                decide=pb.Decide(max_tokens=12))))  # ~12 x 150 ms: well past 0.5 s
+            tokens, done = [], False
+            async for msg in call:
+                if msg.HasField("decided"):
+                    tokens += list(msg.decided.tokens)
+                    done = done or msg.decided.done
+                if done:
+                    break
+            await call.done_writing()
+            return tokens, done
+
+    tokens, done = run(go())
+    assert done and len(tokens) == 12
