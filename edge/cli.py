@@ -95,6 +95,9 @@ def add_parser(sub) -> None:
     cap.add_argument("--max-queue", type=number(int, 0, 2**20), default=64,
                      help="generations waiting for a slot (default: %(default)s)")
     sv.add_argument("--model-name", default="acespec", help="the model id clients send")
+    sv.add_argument("--reconnect-deadline", type=number(float, 0.0), default=30.0, metavar="S",
+                    help="a generation in flight when the verifier goes away keeps retrying "
+                    "this long and resumes with its committed text (default: %(default)s)")
     sec = sv.add_argument_group(
         "who may call (a web page must not drive a local API: requests with an Origin header "
         "and Host names other than localhost/loopback/--host are refused)")
@@ -356,7 +359,8 @@ def build_service(args):
                        model_name=args.model_name,
                        base=base, chat_template=_chat_template(args, drafter), token=token,
                        metrics=EdgeMetrics(), max_concurrent=n,
-                       ctx_per_request=args.ctx_per_request, max_queue=args.max_queue)
+                       ctx_per_request=args.ctx_per_request, max_queue=args.max_queue,
+                       reconnect_deadline_s=args.reconnect_deadline)
 
 
 def _chat_prompt(args, drafter) -> str:
@@ -387,9 +391,8 @@ def _chat_template(args, drafter) -> str | None:
 
 
 def run_serve(args) -> int:
-    import uvicorn
-
-    from acespec.edge.http_app import create_app
+    from acespec.edge.api_guard import GuardConfig
+    from acespec.edge.http_app import serve
 
     try:
         svc = build_service(args)
@@ -398,11 +401,6 @@ def run_serve(args) -> int:
         return EXIT_USAGE
     print(f"acespec edge listening on http://{args.host}:{args.port} (model "
           f"{args.model_name!r}, mode {args.mode}, verifier {args.cloud})", flush=True)
-    # A request in flight must not hold SIGTERM hostage: after 5 s uvicorn cancels it.
-    from acespec.edge.api_guard import GuardConfig
-
-    guard = GuardConfig.for_bind(args.host, args.allow_host, args.allow_origin, args.api_key,
-                                 args.max_body_bytes)
-    uvicorn.run(create_app(svc, guard), host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=5)
+    serve(svc, GuardConfig.for_bind(args.host, args.allow_host, args.allow_origin,
+                                    args.api_key, args.max_body_bytes), args.host, args.port)
     return 0

@@ -115,6 +115,7 @@ class _Reconnect:
     def __init__(self, cfg: EngineConfig):
         self.cfg, self.t0 = cfg, time.perf_counter()
         self.delay, self.failures, self.progress = cfg.backoff_s, 0, 0
+        self.outage_t0 = time.perf_counter()
 
     async def wait(self, e: Exception, run: _Run) -> None:
         if not _retriable(e):
@@ -126,7 +127,14 @@ class _Reconnect:
                                   f"({_reason(e)})") from e
         if len(run.out) > self.progress:  # the last session got somewhere: a new outage
             self.delay, self.failures, self.progress = cfg.backoff_s, 0, len(run.out)
-        if self.failures >= cfg.max_reconnects:
+        if self.failures == 0:
+            self.outage_t0 = time.perf_counter()
+        deadline = cfg.reconnect_deadline_s
+        if deadline is not None:
+            if time.perf_counter() - self.outage_t0 + self.delay > deadline:
+                raise ConnectionError(f"verifier unreachable for {deadline:g} s "
+                                      f"(reconnect deadline; {_reason(e)})") from e
+        elif self.failures >= cfg.max_reconnects:
             raise ConnectionError(f"verifier unreachable after {cfg.max_reconnects} "
                                   f"reconnects ({_reason(e)})") from e
         self.failures += 1
@@ -136,7 +144,7 @@ class _Reconnect:
                 "verifier connection lost (%s); reconnecting in %.2f s with %d committed "
                 "tokens", _reason(e), self.delay, len(run.out))
         await asyncio.sleep(self.delay)
-        self.delay = min(self.delay * 2, 8.0)
+        self.delay = min(self.delay * 2, 8.0 if deadline is None else 2.0)
 
 
 class _Run:

@@ -24,6 +24,8 @@ class EngineConfig:
     stop_ids: frozenset[int] = frozenset()
     max_reconnects: int = 8
     backoff_s: float = 0.25  # first reconnect delay, doubled each time (max 8 s)
+    reconnect_deadline_s: float | None = None  # set: retry an outage for this long, however
+    # many reconnects that takes (max_reconnects then does not apply; delays cap at 2 s)
     connect_timeout_s: float = 3.0  # give up this soon when no session ever opened
     cache: CacheConfig = field(default_factory=CacheConfig)  # acespec mode only
     grow_tree: bool = True  # decided sessions: a speculation tree (Grow) where the verifier

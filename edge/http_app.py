@@ -16,7 +16,7 @@ from starlette.routing import Route
 from acespec.edge.api_guard import ApiGuard, GuardConfig
 from acespec.edge.live_nodes import VerifierUnfit
 from acespec.edge.openai_types import ApiError, parse_request
-from acespec.edge.server import EdgeService, complete, stream
+from acespec.edge.server import EdgeService, ShuttingDown, complete, stream
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +77,21 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-async def _unless_disconnected(request: Request, work):
-    """Await `work`, cancelling it if the client goes away first: a client that gives up
-    must not keep drafter sequences and verifier sessions busy until its text is done."""
+async def _unless_disconnected(request: Request, work, stop: asyncio.Event):
+    """Await `work`, cancelling it if the client goes away first (a client that gives up
+    must not keep drafter sequences and verifier sessions busy until its text is done), or
+    the server is asked to stop (ShuttingDown)."""
     task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(request))
+    halt = asyncio.ensure_future(stop.wait())
     try:
-        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({task, gone, halt}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
+        halt.cancel()
         task.cancel()  # a no-op once it is done
-    if task not in done:
-        raise _ClientGone
-    return task.result()
+    if task in done:
+        return task.result()
+    raise ShuttingDown if halt in done else _ClientGone
 
 
 class _AdmittedStream(StreamingResponse):
@@ -131,7 +134,8 @@ def _routes(svc: EdgeService) -> Starlette:
                 return _AdmittedStream(_guarded(stream(svc, req, prompt)), release,
                                        media_type="text/event-stream")
             try:
-                body = await _unless_disconnected(request, complete(svc, req, prompt))
+                body = await _unless_disconnected(request, complete(svc, req, prompt),
+                                                  svc.stopping)
             finally:
                 release()
             resp = JSONResponse(body)
@@ -139,6 +143,8 @@ def _routes(svc: EdgeService) -> Starlette:
             resp = _error(e)
         except _ClientGone:
             resp = PlainTextResponse("client closed the request", status_code=499)
+        except ShuttingDown:
+            resp = _error(_SHUTDOWN)
         except (ConnectionError, grpc.aio.AioRpcError, VerifierUnfit) as e:
             resp = _error(_cloud_error(e))
         except Exception:  # noqa: BLE001 - never a traceback in a response
@@ -153,7 +159,16 @@ def _routes(svc: EdgeService) -> Starlette:
             {"id": svc.model_name, "object": "model", "created": 0, "owned_by": "acespec"}]})
 
     async def health(_: Request):
-        return JSONResponse({"status": "ok", "model": svc.model_name})
+        """Liveness (always 200 while serving) with the verifier's state beside it."""
+        ready = await svc.verifier_ready()
+        return JSONResponse({"status": "ok", "model": svc.model_name,
+                             "verifier": "ready" if ready else "unreachable"})
+
+    async def ready(_: Request):
+        """Readiness: 200 when the verifier answers, else 503 (a load balancer's probe)."""
+        if await svc.verifier_ready():
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "verifier unreachable"}, status_code=503)
 
     async def metrics(_: Request):
         return PlainTextResponse(svc.metrics.text(), media_type="text/plain; version=0.0.4")
@@ -167,7 +182,8 @@ def _routes(svc: EdgeService) -> Starlette:
     routes = [
         Route("/v1/completions", text_completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/models", models), Route("/health", health), Route("/metrics", metrics),
+        Route("/v1/models", models), Route("/health", health), Route("/ready", ready),
+        Route("/metrics", metrics),
     ]
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -200,11 +216,17 @@ def _cloud_error(e: Exception) -> ApiError:
                     kind="upstream_error")
 
 
+_SHUTDOWN = ApiError(503, "the server is shutting down; retry elsewhere or later",
+                     kind="service_unavailable", code="server_shutdown")
+
+
 async def _guarded(events):
     """Errors after the stream started become one error event, then [DONE]."""
     try:
         async for e in events:
             yield e
+    except ShuttingDown:
+        yield _sse_error(_SHUTDOWN)
     except (ConnectionError, grpc.aio.AioRpcError, VerifierUnfit) as e:
         yield _sse_error(_cloud_error(e))
     except Exception:  # noqa: BLE001 - never a traceback in a stream
@@ -215,3 +237,18 @@ async def _guarded(events):
 
 def _sse_error(e: ApiError) -> str:
     return f"data: {json.dumps(e.body())}\n\ndata: [DONE]\n\n"
+
+
+def serve(svc: EdgeService, guard: GuardConfig, host: str, port: int) -> None:
+    """Run the app under uvicorn until SIGINT/SIGTERM. A request in flight does not hold a
+    signal hostage: open streams end at once with an error event and [DONE], pending
+    completions with a 503 (svc.begin_shutdown), and what is left is cancelled after 4 s."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            svc.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    Server(uvicorn.Config(create_app(svc, guard), host=host, port=port, log_level="warning",
+                          timeout_graceful_shutdown=4)).run()

@@ -50,10 +50,13 @@ class EdgeService:
     max_concurrent: int = 8  # generations at once (main sequences 1..N, then GROW_SEQS each)
     ctx_per_request: int = 2048  # most prompt + max_tokens tokens of one generation
     max_queue: int = 64  # generations waiting for a sequence
+    reconnect_deadline_s: float = 30.0  # an in-flight generation rides out an outage this long
     free_seqs: asyncio.Queue = field(default_factory=asyncio.Queue)
     admitted: int = field(default=0, init=False)  # generations of requests in flight
     waiting: int = field(default=0, init=False)  # of which queued for a sequence
     _channel: object | None = field(default=None, init=False, repr=False)
+    _stopping: asyncio.Event | None = field(default=None, init=False, repr=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         for seq in range(1, self.max_concurrent + 1):  # drafter sequences; 0 stays for tools
@@ -68,6 +71,26 @@ class EdgeService:
         if self._channel is None:
             self._channel = self.connect()
         return self._channel
+
+    @property
+    def stopping(self) -> asyncio.Event:
+        """Set when the server was asked to stop (made in the server's loop, on first use)."""
+        if self._stopping is None:
+            self._stopping, self._loop = asyncio.Event(), asyncio.get_running_loop()
+        return self._stopping
+
+    def begin_shutdown(self) -> None:
+        """From a signal handler: open streams end now (error event, then [DONE])."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.stopping.set)
+
+    async def verifier_ready(self, timeout_s: float = 1.0) -> bool:
+        """Whether the shared channel reaches the verifier within timeout_s."""
+        try:
+            await asyncio.wait_for(self.channel.channel_ready(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
 
     async def aclose(self) -> None:
         if self._channel is not None:
@@ -156,7 +179,8 @@ class EdgeService:
         stops = frozenset() if req.ignore_eos else self.codec.stop_ids
         return replace(self.base, serve=serve, seed=seed, max_tokens=req.max_tokens,
                        verifier_decides=coupled,
-                       stop_ids=stops, max_reconnects=2, backoff_s=0.1)
+                       stop_ids=stops, backoff_s=0.1,
+                       reconnect_deadline_s=self.reconnect_deadline_s)
 
 
 class _Choice:
@@ -237,7 +261,7 @@ async def stream(svc: EdgeService, req: CompletionRequest, prompt: list[int]):
             yield _sse(envelope(req, rid, first, True))
         done = 0
         while done < req.n:
-            index, text, finish = await queue.get()
+            index, text, finish = await next_or_stop(queue, svc.stopping)
             if finish == FAILED:
                 await tasks[index]  # raises the generation's error
                 raise RuntimeError("a generation failed without an error")  # unreachable
@@ -254,6 +278,25 @@ async def stream(svc: EdgeService, req: CompletionRequest, prompt: list[int]):
     finally:
         for t in tasks:  # a client that went away: stop drafting and close cloud sessions
             t.cancel()
+
+
+class ShuttingDown(Exception):
+    """The server was asked to stop while this request ran."""
+
+
+async def next_or_stop(queue: asyncio.Queue, stop: asyncio.Event):
+    """The next item of `queue`, or ShuttingDown once `stop` is set."""
+    if stop.is_set():
+        raise ShuttingDown
+    get, halt = asyncio.ensure_future(queue.get()), asyncio.ensure_future(stop.wait())
+    try:
+        done, _ = await asyncio.wait({get, halt}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        halt.cancel()
+    if get not in done:
+        get.cancel()
+        raise ShuttingDown
+    return get.result()
 
 
 def _sse(obj: dict) -> str:
