@@ -37,18 +37,28 @@ def _add_models(sub) -> None:
                    help="cross-entropy steps; distillation gets the same time (default: %(default)s)")
     c.add_argument("--top-k", type=int, default=32, help="target logits cached per position")
     c.set_defaults(func=_run_compare)
-    s = msub.add_parser("build-smollm2-drafter", help="distill a ~25M drafter from SmolLM2-135M-Instruct",
-                        description="Generate chats with the SmolLM2 GGUF (llama.cpp), keep its "
-                        "top-k as the teacher, train a small Llama on it, export GGUF F16/Q8_0 "
-                        "with the target's tokenizer and measure greedy acceptance. Resumes "
-                        "from --work.")
+    s = msub.add_parser("build-smollm2-drafter",
+                        help="distil a drafter from SmolLM2-135M-Instruct's own first layers",
+                        description="Cut SmolLM2-135M-Instruct after its first layers (its "
+                        "embedding, norm and head kept) and distil them from the whole target: "
+                        "on the target's answers to ShareGPT training-split prompts (llama.cpp) "
+                        "and its top-k over training-split conversations (torch; CUDA when "
+                        "present). Then GGUF F16/Q8_0 with the target's tokenizer, and greedy "
+                        "acceptance on evaluation-split chats per category. Every stage "
+                        "resumes from --work; progress is logged.")
+    s.add_argument("stage", nargs="?", default="all",
+                   choices=["all", "eval", "answers", "scored", "train"],
+                   help="one stage only, e.g. to run 'answers' and 'scored' side by side "
+                   "(default: all, skipping finished ones)")
     s.add_argument("--out", default=str(DEMO_DIR.parent / "smollm2"),
                    help="output folder (default: %(default)s)")
     s.add_argument("--work", default="runs/build-smollm2-drafter",
                    help="corpus, teacher and checkpoints (default: %(default)s)")
-    s.add_argument("--target-gguf", help="the target GGUF (default: fetched into the cache)")
     s.add_argument("--preset", default="smollm2", choices=["smollm2", "tiny"],
-                   help="'smollm2' (~2 h on one core) or 'tiny' (seconds, for tests)")
+                   help="'smollm2' (~2 h on two cores: 20 min per corpus stage, ~1 h "
+                   "training) or 'tiny' (a minute, for tests)")
+    s.add_argument("--minutes", type=float,
+                   help="this run's budget for the answers/scored stages (default: the preset's)")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_run_build_smollm2)
     f = msub.add_parser("fetch", help="download and convert a real model (smollm2)",
@@ -75,19 +85,14 @@ def _run_build_demo(args) -> int:
 
 
 def _run_build_smollm2(args) -> int:
-    import json
-    from pathlib import Path
+    import logging
 
-    from acespec.models.smollm2_drafter import build
+    from acespec.models.smollm2_exit import main
 
-    if args.target_gguf:
-        gguf = Path(args.target_gguf)
-    else:
-        from acespec.models.smollm2 import ensure_gguf
-
-        gguf = ensure_gguf()
-    card = build(gguf, Path(args.out), Path(args.work), args.preset, args.seed)
-    print(json.dumps({k: card[k] for k in ("params", "greedy_acceptance", "minutes")}, indent=2))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    argv = [args.stage, "--out", args.out, "--work", args.work, "--preset", args.preset,
+            "--seed", str(args.seed)]
+    main(argv + (["--minutes", str(args.minutes)] if args.minutes else []))
     return 0
 
 

@@ -234,6 +234,9 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
         "files": {ft: {"name": p.name, "bytes": p.stat().st_size} for ft, p in files.items()},
     }
     (out / "build.json").write_text(json.dumps(card, indent=2) + "\n")
+    from acespec.models.smollm2_exit_card import write_card
+
+    write_card(out, card)
     return card
 
 

@@ -79,6 +79,8 @@ def test_card_reports_acceptance_per_category(built):
     assert all(1.0 <= acc[c]["2"] <= 3.0 for c in acc)
     assert acc["all"]["chats"] == sum(acc[c]["chats"] for c in acc if c != "all")
     assert card["corpus"]["answers"]["sequences"] > 0 and card["corpus"]["scored"]["sequences"] > 0
+    readme = (out / "out" / "README.md").read_text()
+    assert "Greedy acceptance" in readme and "| all | 4 |" in readme
 
 
 def test_cut_target_keeps_the_targets_first_layers(chat_cache):

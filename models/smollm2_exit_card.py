@@ -1,0 +1,68 @@
+"""The SmolLM2 drafter's card (README.md beside the GGUF), written from build.json."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+CATEGORY_ORDER = ("code", "writing", "explain", "other", "all")
+
+
+def write_card(out: Path, card: dict, notes: str = "") -> Path:
+    """out/README.md: what the drafter is, how it was built, its measured figures, and any
+    hand-written `notes` (kept verbatim at the end)."""
+    d, t, m = card["drafter"], card["train"], card["minutes"]
+    acc = card["greedy_acceptance"]
+    depths = [k for k in acc["all"] if k != "chats"]
+    rows = "\n".join(f"| {c} | {acc[c]['chats']} | " + " | ".join(f"{acc[c][k]:.2f}" for k in depths)
+                     + " |" for c in CATEGORY_ORDER if c in acc)
+    files = "\n".join(f"| `{f['name']}` | {f['bytes'] / 2**20:.1f} MiB |"
+                      for f in card["files"].values())
+    corpus = card["corpus"]
+    text = f"""# SmolLM2-135M-Instruct drafter (AceSpec)
+
+SmolLM2-135M-Instruct's own first {card['layers']} of 30 decoder layers, with its embedding,
+final norm and tied head (so its tokenizer and chat template, copied verbatim from the
+target's GGUF), the layers and the norm then distilled from the whole target:
+{card['params'] / 1e6:.1f}M parameters, of which {card['trained_params'] / 1e6:.1f}M trained.
+Built by
+
+    acespec models build-smollm2-drafter --preset {card['preset']} --seed {card['seed']}
+
+(every stage resumable from `--work`; `answers` and `scored` can run side by side, one core
+each: `acespec models build-smollm2-drafter answers` and `... scored`).
+
+| file | size |
+|---|---|
+{files}
+
+**Greedy acceptance** — mean tokens per target step, bonus included — on chats of the
+ShareGPT V3 *evaluation* split (records 12,000 and later; no training stage reads them),
+balanced over categories, against the target's greedy answers ({card['eval_new_tokens']}
+new tokens at most; the target here is llama.cpp on the Q4_1 GGUF the verifier's float32
+checkpoint is converted from):
+
+| category | chats | {' | '.join(f'depth {k}' for k in depths)} |
+|---|---|{'---|' * len(depths)}
+{rows}
+
+- Teacher material, all from the ShareGPT *training* split (records [0, 12000)):
+  the target's own answers to {corpus['answers']['sequences']:,} first user turns
+  ({corpus['answers']['tokens']:,} tokens, prompts included; greedy or at T=0.7), and
+  {corpus['scored']['sequences']:,} conversations as written, teacher-forced through the
+  torch target ({corpus['scored']['tokens']:,} tokens); the target's top-{card['top_k']} kept at
+  every position.
+- Shape: d={d['hidden_size']}, {d['num_layers']} layers, {d['num_heads']}/{d['num_kv_heads']}
+  heads of {d['head_dim']}, FFN {d['intermediate_size']}, tied embeddings (frozen), RoPE θ
+  {d['rope_theta']:g}; the final norm rescaled at the start so the cut model's logits spread
+  as the target's do.
+- Training: {t['steps']} steps of {t['batch']} × {t['seq_len']} tokens, AdamW lr {t['lr']:g}
+  cosine, cross-entropy to the teacher's renormalised top-k at every position, sampled
+  softmax (the step's teacher tokens + 4,096 uniform negatives).
+- Minutes on {platform.machine()} ({', '.join(f'{k} {v}' for k, v in m.items())}).
+"""
+    if notes:
+        text += "\n" + notes.strip() + "\n"
+    path = Path(out) / "README.md"
+    path.write_text(text)
+    return path
