@@ -171,11 +171,12 @@ class DecidedSession:
 
     def _add(self, token: int, parent: int, anchor: int) -> int:
         """Append one node; its state follows from its parent's. Returns its id. A node
-        below a forgotten one (dead, or decided long ago) is dead at once and not kept."""
+        below a dead or forgotten one (dead, or decided long ago) is dead at once and is
+        not kept: a flood of doomed drafts costs a counter, not memory."""
         nid = self.next_id
         self.next_id += 1
         self.counts.drafts_received += 1
-        if parent != ROOT and parent not in self.nodes:
+        if parent != ROOT and (parent not in self.nodes or self.nodes[parent].state == DEAD):
             return nid
         position = anchor if parent == ROOT else self.nodes[parent].position + 1
         node = self.nodes[nid] = Claim(token, parent, position)

@@ -250,8 +250,12 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                           done=True, counts=encode_counts(session.counts, time.perf_counter()))
 
     def _apply_uplink(self, session, inbox: asyncio.Queue) -> bool:
-        """Apply every queued uplink message of a decided session; True at the edge's EOF."""
-        while not inbox.empty():
+        """Apply queued uplink messages of a decided session, about one pending-limit's worth
+        of nodes per pass (what is left waits for the next one: a session that floods its
+        uplink gets no more of the event loop per pass than one that does not); True at the
+        edge's EOF."""
+        budget = session.limits.max_pending
+        while not inbox.empty() and budget > 0:
             item = inbox.get_nowait()
             msg = item[0] if isinstance(item, tuple) else item
             if isinstance(msg, Exception):
@@ -262,12 +266,14 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             if kind == "grow":
                 g = decode_grow(msg.grow, session.next_id)
                 session.apply_grow(g.anchor, g.parents, g.tokens)
+                budget -= len(g.tokens)
                 continue
             if kind != "drafts":
                 raise FailedPrecondition(f"{kind or 'empty message'} in a session the verifier "
                                          "decides: send Drafts or Grow")
             d = decode_drafts(msg.drafts)
             session.apply_drafts(d.position, d.behind, d.tokens)
+            budget -= len(d.tokens) + 1
         return False
 
     async def _loop(self, session, context) -> None:

@@ -109,8 +109,9 @@ def test_random_trees_decide_the_truth_and_count_every_node_once():
                 start, new = downlink.pop(0)
                 assert start == committed
                 committed += len(new)
-                leaves = [lf for lf in leaves if lf[1] >= committed - 1 and
-                          s.nodes[lf[0]].state != 2] if rng.random() < 0.5 else leaves
+                leaves = [lf for lf in leaves if lf[1] >= committed - 1 and  # dead: not kept
+                          lf[0] in s.nodes and s.nodes[lf[0]].state != 2] \
+                    if rng.random() < 0.5 else leaves
             assert s.counts.dead_skipped() >= 0
             assert all(s.nodes[i].state == PENDING and s.nodes[i].position >= s.end
                        for i in s.live)
