@@ -167,7 +167,7 @@ def train_drafter(target_dir: Path, work: Path, preset: ExitPreset, seed: int):
     torch.set_num_threads(cfg.threads)
     model = cut_target(target_dir, preset.layers).to(device)
     model.model.embed_tokens.weight.requires_grad_(False)  # tied head: the target's own
-    batches = Batches(teacher, np.zeros(8, np.uint16), cfg, 0.0, device=device)
+    batches = Batches(teacher, cfg, device=device)
     log.info("training on %s: %d sequences, %d tokens (%d answer tokens), %d batches per epoch",
              device, len(teacher.lengths), len(teacher.ids),
              int((teacher.lengths - teacher.n_prompt).sum()), len(batches.buckets))
@@ -175,11 +175,35 @@ def train_drafter(target_dir: Path, work: Path, preset: ExitPreset, seed: int):
                  loss_fn=batches.loss, batches=batches, model=model, forward=batches.forward)
 
 
+def greedy_acceptance(drafter, chats: dict[str, np.ndarray], depth: int) -> float:
+    """Mean tokens per target step (accepted + the bonus/recovered token) when `drafter`
+    (an acespec LlamaDrafter) drafts `depth` tokens greedily and the target's greedy answer
+    (chats from generate_corpus, temperature 0) decides; the last step of an answer counts
+    only the tokens the answer has left."""
+    steps = emitted = 0
+    offsets = np.concatenate([[0], np.cumsum(chats["lengths"])])
+    for i, n_prompt in enumerate(chats["n_prompt"]):
+        seq = chats["ids"][offsets[i]:offsets[i + 1]].tolist()
+        pos = int(n_prompt)
+        while pos < len(seq):
+            draft, ctx = [], seq[:pos]
+            for _ in range(depth):
+                draft.append(int(np.argmax(drafter.next_logits(ctx + draft))))
+            accepted = 0
+            while accepted < depth and pos + accepted < len(seq) and \
+                    draft[accepted] == seq[pos + accepted]:
+                accepted += 1
+            steps += 1
+            emitted += min(accepted + 1, len(seq) - pos)
+            pos += accepted + 1
+        drafter.drop(0)
+    return emitted / steps
+
+
 def measure(gguf_path: Path, work: Path, depths: tuple[int, ...]) -> dict:
     """{category or "all": {depth: tokens per target step}} on the eval answers."""
     from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
     from acespec.models.smollm2_corpus import load_chunks
-    from acespec.models.smollm2_drafter import greedy_acceptance
 
     chats = load_chunks(work / "eval")
     cats = [c["category"] for c in json.loads((work / "eval" / "categories.json").read_text())]

@@ -1,16 +1,12 @@
 """Training material and objective for the SmolLM2 drafter.
 
-Two kinds of batches, chosen per step by a seeded draw:
-- distillation: whole chats (prompt + the target's answer), length-bucketed and right-padded
-  (causal attention: padding after a sequence never reaches it); the loss is the
-  cross-entropy to the teacher's renormalised top-k at every position (`answer_only`: only
-  where answer tokens are predicted, the positions a drafter is asked about; scoring the
-  prompts too doubles the teacher material: user text and standard-library code);
-- code: windows of standard-library source, next-token cross-entropy (no teacher pass, so
-  plenty of it; it keeps the student from memorising the few hundred thousand teacher tokens).
+Batches are whole chats (prompt + the target's answer, or a conversation teacher-forced),
+length-bucketed and right-padded (causal attention: padding after a sequence never reaches
+it); the loss is the cross-entropy to the teacher's renormalised top-k at every position
+(`answer_only`: only where answer tokens are predicted).
 
 The softmax is sampled: the output layer is evaluated on the step's candidates only, every
-token the step's targets name (teacher top-k, or next tokens) plus `n_negative` others drawn
+token the step's teacher top-k names plus `n_negative` others drawn
 uniformly, whose logits get + log(others / n_negative) so their sum stands in for all of
 them. On this CPU the 49k-wide layer and its gradient are most of a step otherwise.
 """
@@ -19,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -54,12 +49,10 @@ class Batches:
     """batches(step) -> x [B, T + 1] int64 for train(); forward(model, x, step) -> logits
     [N, V] at the step's scored positions; loss(logits, x, step) its objective."""
 
-    def __init__(self, teacher: TeacherData, code: np.ndarray, cfg: TrainConfig,
-                 code_frac: float, code_rows: int = 4, code_len: int = 256,
-                 n_negative: int = 4096, vocab_size: int = 49152, answer_only: bool = False,
+    def __init__(self, teacher: TeacherData, cfg: TrainConfig, n_negative: int = 4096,
+                 vocab_size: int = 49152, answer_only: bool = False,
                  device: torch.device | str = "cpu"):
-        self.t, self.code, self.cfg, self.code_frac = teacher, code, cfg, code_frac
-        self.code_rows, self.code_len = code_rows, code_len
+        self.t, self.cfg = teacher, cfg
         self.n_negative, self.vocab_size, self.answer_only = n_negative, vocab_size, answer_only
         self.max_len = cfg.seq_len + 1
         self.device = torch.device(device)
@@ -84,18 +77,7 @@ class Batches:
         perm = np.random.default_rng([self.cfg.seed, 17, epoch]).permutation(len(self.buckets))
         return self.buckets[perm[i]]
 
-    def is_code(self, step: int) -> bool:
-        return bool(np.random.default_rng([self.cfg.seed, 29, step]).random() < self.code_frac)
-
     def __call__(self, step: int) -> torch.Tensor:
-        if self.is_code(step):
-            rng = np.random.default_rng([self.cfg.seed, step])
-            s = rng.integers(0, len(self.code) - self.code_len - 1, size=self.code_rows)
-            x = np.stack([self.code[a:a + self.code_len + 1] for a in s]).astype(np.int64)
-            target = x[:, 1:].reshape(-1, 1)
-            self._set(step, target, np.ones(target.shape, np.float32),
-                      np.ones((x.shape[0], x.shape[1] - 1), dtype=bool))
-            return torch.from_numpy(x)
         seqs = self._bucket(step)
         t, k = self.t, self.t.top_ids.shape[1]
         n = int(min(self.max_len, t.lengths[seqs].max()))
@@ -139,45 +121,10 @@ class Batches:
         return F.linear(m.norm(h[scored]), w) + corr
 
     def loss(self, logits: torch.Tensor, x: torch.Tensor, step: int) -> torch.Tensor:
-        """logits [N, C] from `forward`: cross-entropy to the step's target distribution (the
-        teacher's top-k, or the next token with probability 1), nats per scored position."""
+        """logits [N, C] from `forward`: cross-entropy to the step's teacher top-k, nats per
+        scored position."""
         last, ids, p = self._last[:3]
         if last != step:
             raise RuntimeError("loss called for a step whose batch was not drawn last")
         lq = torch.log_softmax(logits, dim=-1).gather(-1, ids)  # [N, k]
         return -(p * lq).sum(-1).mean()
-
-
-def code_stream(tokenize, files: list[Path], max_tokens: int, eos: int) -> np.ndarray:
-    """[n] uint16: the files' token ids, each followed by EOS, up to max_tokens."""
-    out, n = [], 0
-    for f in files:
-        try:
-            ids = tokenize(f.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, OSError):
-            continue
-        out.append(np.array([*ids, eos], dtype=np.uint16))
-        n += len(ids) + 1
-        if n >= max_tokens:
-            break
-    return np.concatenate(out)[:max_tokens]
-
-
-def pca_embedding(target_embd: np.ndarray, dim: int, std: float) -> np.ndarray:
-    """The target's token embedding [V, D] projected on its top `dim` principal directions,
-    scaled to per-element standard deviation `std`: [V, dim] float32. Tokens the target
-    finds alike stay alike, a head start for a student that shares the vocabulary."""
-    e = target_embd.astype(np.float32)
-    e = e - e.mean(0, keepdims=True)
-    _, _, vt = np.linalg.svd(e[:: max(1, len(e) // 16384)], full_matrices=False)
-    z = e @ vt[:dim].T
-    return (z * (std / z.std())).astype(np.float32)
-
-
-def target_embedding(gguf_path: Path) -> np.ndarray:
-    """token_embd.weight of a GGUF, dequantized: [V, D] float32."""
-    import gguf
-
-    r = gguf.GGUFReader(str(gguf_path))
-    t = next(t for t in r.tensors if t.name == "token_embd.weight")
-    return gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1, int(t.shape[0]))

@@ -1,0 +1,134 @@
+"""`cloud serve` from the command line under a hostile client: one session floods Drafts and
+another churns Grow for ~20 s, every node dead on arrival, while a third decodes. The
+verifier's memory stays bounded (peak RSS <= 1.5 x idle + 200 MB, back within 10 % of idle
+after) and the honest session's latency stays within 2x of idle (median of its requests)."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+pytest.importorskip("torch")
+
+from cli_harness import verifier  # noqa: E402
+
+from acespec.models import DEMO_TARGET  # noqa: E402
+from acespec.proto import acespec_pb2 as pb  # noqa: E402
+from acespec.shared.tokenizer import Tokenizer  # noqa: E402
+
+pytestmark = pytest.mark.slow
+FLOOD_S = 20.0
+
+
+def _rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def _call(ch):
+    return ch.stream_stream("/acespec.v1.Verifier/Session",
+                            request_serializer=pb.Uplink.SerializeToString,
+                            response_deserializer=pb.Downlink.FromString)()
+
+
+def _open(vh: str, prompt: list[int], max_tokens: int) -> pb.Uplink:
+    return pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash=vh, prompt_tokens=prompt,
+                                  decide=pb.Decide(max_tokens=max_tokens)))
+
+
+async def _honest(ch, vh: str, prompt: list[int]) -> float:
+    """Seconds for a 16-token decided session (no drafts: the verifier decodes)."""
+    t0 = time.perf_counter()
+    call = _call(ch)
+    await call.write(_open(vh, prompt, 16))
+    async for msg in call:
+        if msg.HasField("decided") and msg.decided.done:
+            break
+    await call.done_writing()
+    return time.perf_counter() - t0
+
+
+# The hostile client, in its own process (its loop must not slow the honest client's): one
+# session sends 2,000 drafts at a decided position (dead at once) as fast as the verifier
+# takes them, another 500-node Grow chains under it; prints how many nodes it sent.
+FLOOD = """
+import asyncio, sys, time
+import grpc
+from acespec.proto import acespec_pb2 as pb
+addr, vh, secs = sys.argv[1], sys.argv[2], float(sys.argv[3])
+prompt = [int(x) for x in sys.argv[4].split(",")]
+
+async def flood(ch, grow):
+    call = ch.stream_stream("/acespec.v1.Verifier/Session",
+                            request_serializer=pb.Uplink.SerializeToString,
+                            response_deserializer=pb.Downlink.FromString)()
+    await call.write(pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash=vh,
+        prompt_tokens=prompt, decide=pb.Decide(max_tokens=3000))))
+    async def drain():
+        async for _ in call:
+            pass
+    reader = asyncio.ensure_future(drain())
+    n, wrong, sent, end = len(prompt), (prompt[-1] + 7) % 4096, 0, time.monotonic() + secs
+    while time.monotonic() < end:
+        msg = (pb.Uplink(grow=pb.Grow(anchor=n, tokens=[wrong] * 500)) if grow else
+               pb.Uplink(drafts=pb.Drafts(position=n, behind=0, tokens=[wrong] * 2000)))
+        try:
+            await call.write(msg)
+        except grpc.aio.AioRpcError:
+            break
+        sent += 500 if grow else 2000
+    reader.cancel()
+    call.cancel()
+    return sent
+
+async def main():
+    async with grpc.aio.insecure_channel(addr) as ch:
+        print(sum(await asyncio.gather(flood(ch, False), flood(ch, True))), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_hostile_client_costs_others_little(tmp_path):
+    tok = Tokenizer.load(DEMO_TARGET)
+    vh, prompt = tok.vocab_hash(), tok.encode("def main():\n")
+    proc, addr = verifier("--emulate-step-ms", "5")
+    with proc:
+        async def go():
+            async with grpc.aio.insecure_channel(addr) as ch:
+                for _ in range(3):
+                    await _honest(ch, vh, prompt)  # warm up
+                idle_rss = _rss_mb(proc.p.pid)
+                idle = [await _honest(ch, vh, prompt) for _ in range(8)]
+                hostile = subprocess.Popen(
+                    [sys.executable, "-c", FLOOD, addr, vh, str(FLOOD_S),
+                     ",".join(map(str, prompt))], stdout=subprocess.PIPE, text=True)
+                await asyncio.sleep(1.0)  # the flood is under way
+                busy, peak, t_end = [], idle_rss, time.monotonic() + FLOOD_S - 2
+                while time.monotonic() < t_end:
+                    busy.append(await _honest(ch, vh, prompt))
+                    peak = max(peak, _rss_mb(proc.p.pid))
+                out, _ = await asyncio.to_thread(hostile.communicate, timeout=60)
+                await asyncio.sleep(3)
+                return idle_rss, idle, busy, peak, _rss_mb(proc.p.pid), int(out.strip())
+
+        idle_rss, idle, busy, peak, after, sent = asyncio.run(go())
+        proc.stop()
+    report = (f"idle RSS {idle_rss:.0f} MB, peak {peak:.0f} MB, after {after:.0f} MB; honest "
+              f"16-token session median {statistics.median(idle) * 1000:.0f} ms idle, "
+              f"{statistics.median(busy) * 1000:.0f} ms under flood ({len(busy)} sessions); "
+              f"{sent:,} dead nodes sent")
+    print(report)
+    (tmp_path / "report.txt").write_text(report)
+    assert sent > 1_000_000, report  # the flood really ran
+    assert peak <= 1.5 * idle_rss + 200, report
+    assert after <= 1.1 * idle_rss, report
+    assert statistics.median(busy) <= 2 * statistics.median(idle), report
