@@ -58,7 +58,8 @@ class ExitPreset:
 PRESETS = {
     "smollm2": ExitPreset(
         layers=6,
-        train=TrainConfig(steps=360, batch=8, seq_len=512, lr=5e-4, min_lr_frac=0.1, warmup=15,
+        answer_minutes=55.0,
+        train=TrainConfig(steps=720, batch=8, seq_len=512, lr=5e-4, min_lr_frac=0.1, warmup=15,
                           weight_decay=0.0, ckpt_every=20, log_every=5)),
     # Seconds: every stage on a handful of chats (for the test).
     "tiny": ExitPreset(
@@ -262,6 +263,14 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
 
     write_card(out, card)
     return card
+
+
+def _sittings(ckpt: Path) -> list[int]:
+    """The step counts the training was asked for, sitting by sitting ([steps] when one)."""
+    import torch
+
+    state = torch.load(ckpt, weights_only=False, map_location="cpu")
+    return list(state.get("sittings", [state["config"]["steps"]]))
 
 
 def _timed(work: Path, name: str, fn):

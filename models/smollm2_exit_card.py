@@ -8,6 +8,15 @@ from pathlib import Path
 CATEGORY_ORDER = ("code", "writing", "explain", "other", "all")
 
 
+def _sittings(card: dict) -> str:
+    """How an extended run was trained, e.g. ' (a 360-step run, then extended to 720)'."""
+    steps = card.get("train_sittings", [])
+    if len(steps) < 2:
+        return ""
+    return f" (a {steps[0]}-step run, then extended to " + ", then ".join(map(str, steps[1:])) + \
+        " on the grown corpus, the longer schedule from where the last left off)"
+
+
 def write_card(out: Path, card: dict, notes: str = "") -> Path:
     """out/README.md: what the drafter is, how it was built, its measured figures, and any
     hand-written `notes` (kept verbatim at the end)."""
@@ -57,7 +66,7 @@ checkpoint is converted from):
   {d['rope_theta']:g}; the final norm rescaled at the start so the cut model's logits spread
   as the target's do.
 - Training: {t['steps']} steps of {t['batch']} × {t['seq_len']} tokens, AdamW lr {t['lr']:g}
-  cosine, cross-entropy to the teacher's renormalised top-k at every position, sampled
+  cosine{_sittings(card)}, cross-entropy to the teacher's renormalised top-k at every position, sampled
   softmax (the step's teacher tokens + 4,096 uniform negatives).
 - Minutes on {platform.machine()} ({', '.join(f'{k} {v}' for k, v in m.items())}).
 """

@@ -77,6 +77,14 @@ def cross_entropy(logits: torch.Tensor, x: torch.Tensor, step: int) -> torch.Ten
     return F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
 
 
+def _resumable(state: dict, cfg: TrainConfig, args: ModelArgs) -> bool:
+    """A checkpoint resumes under the same config, or extends a run that asked for fewer
+    steps (everything else equal)."""
+    old = dict(state["config"])
+    return (state["args"] == asdict(args)
+            and {**old, "steps": cfg.steps} == asdict(cfg) and old["steps"] <= cfg.steps)
+
+
 def train(args: ModelArgs, cfg: TrainConfig, stream: np.ndarray, ckpt: Path,
           label: str = "model", loss_fn=cross_entropy, batches=None,
           model: Transformer | None = None, forward=None) -> Transformer:
@@ -90,14 +98,19 @@ def train(args: ModelArgs, cfg: TrainConfig, stream: np.ndarray, ckpt: Path,
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
-    start = 0
+    start, sittings = 0, [cfg.steps]
     if ckpt.is_file():
         state = torch.load(ckpt, weights_only=False)
-        if state["config"] != asdict(cfg) or state["args"] != asdict(args):
+        if not _resumable(state, cfg, args):
             raise ValueError(f"{ckpt} was written with a different config; delete it to restart")
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
-        start = state["step"]
+        start, sittings = state["step"], state.get("sittings", [state["config"]["steps"]])
+        if cfg.steps > state["config"]["steps"]:
+            log.info("%s: extending a finished %d-step run to %d steps (the schedule is the "
+                     "%d-step one from step %d on)", label, state["config"]["steps"], cfg.steps,
+                     cfg.steps, start)
+            sittings = [*sittings, cfg.steps]
         log.info("%s: resuming at step %d/%d", label, start, cfg.steps)
     model.train()
     t0, tokens = time.time(), 0
@@ -120,6 +133,6 @@ def train(args: ModelArgs, cfg: TrainConfig, stream: np.ndarray, ckpt: Path,
         if (step + 1) % cfg.ckpt_every == 0 or step + 1 == cfg.steps:
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1,
-                        "config": asdict(cfg), "args": asdict(args)}, tmp)
+                        "config": asdict(cfg), "args": asdict(args), "sittings": sittings}, tmp)
             tmp.replace(ckpt)
     return model.eval()
