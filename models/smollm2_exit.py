@@ -113,20 +113,13 @@ def build_eval(target_gguf: Path, work: Path, preset: ExitPreset, seed: int) -> 
                                          max_chars=preset.max_prompt_chars)
     model = LlamaBatch(target_gguf, n_seq=preset.n_seq, n_ctx_seq=512 + preset.eval_new)
     try:
-        generate_corpus(model, [c.first_user for c in chats], preset.eval_new, 1.0, 0.0,
-                        preset.top_k, seed, work / "eval", chunk=10_000)
-        kept = [c for c in chats if len(model.tokenize(_render(model, c.first_user)))
-                + preset.eval_new <= model.n_ctx_seq]  # as generate_corpus keeps them
+        kept = [chats[i] for i in generate_corpus(
+            model, [c.first_user for c in chats], preset.eval_new, 1.0, 0.0, preset.top_k, seed,
+            work / "eval", chunk=10_000)]
     finally:
         model.close()
     done.write_text(json.dumps([{"index": c.index, "category": c.category} for c in kept]))
     return done.parent
-
-
-def _render(model, text: str) -> str:
-    from acespec.models.smollm2_corpus import render_chat
-
-    return render_chat(model.chat_template(), text)
 
 
 def build_scored(target_dir: Path, target_gguf: Path, work: Path, preset: ExitPreset, seed: int,

