@@ -173,3 +173,23 @@ def chat_cache(smollm2_cache):
 
     sharegpt.ensure_json(smollm2_cache / "sharegpt")
     return smollm2_cache
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_processes(request):
+    """A test must stop every process it starts (see tests/process_guard.py)."""
+    from process_guard import TAG, leftovers
+
+    if not os.path.isdir("/proc"):
+        yield
+        return
+    value = f"{os.getpid()}:{request.node.nodeid}"
+    os.environ[TAG] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(TAG, None)
+    left = leftovers(value)
+    if left:
+        pytest.fail("left running after the test (now killed): "
+                    + "; ".join(f"pid {p}: {c[:200]}" for p, c in left.items()), pytrace=False)

@@ -1,0 +1,25 @@
+"""The leak guard itself: it finds what a test left running, kills it, and ignores what ended."""
+
+import os
+import subprocess
+import sys
+
+from process_guard import TAG, leftovers
+
+
+def _start(value: str, seconds: float) -> subprocess.Popen:
+    env = {**os.environ, TAG: value}
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"], env=env)
+
+
+def test_a_process_left_running_is_named_and_killed():
+    p = _start("guard-test-leak", 60)
+    left = leftovers("guard-test-leak", grace_s=0.5)
+    assert list(left) == [p.pid] and "time.sleep(60)" in left[p.pid]
+    assert p.wait(timeout=5) == -9
+
+
+def test_a_process_that_ends_within_the_grace_is_not_counted():
+    p = _start("guard-test-ends", 0.5)
+    assert leftovers("guard-test-ends", grace_s=5) == {}
+    p.wait(timeout=5)
