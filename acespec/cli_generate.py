@@ -55,10 +55,10 @@ def _load_pair(args):
     target = load_model(model_dir, dtype=args.dtype)
     set_threads(target)
     if args.drafter == "ngram":
-        from acespec.edge.ngram_drafter import NgramDrafter
+        from acespec.edge.drafting.ngram import NgramDrafter
 
         return tok, target, NgramDrafter(target.args.vocab_size)
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
 
     if not Path(args.drafter).is_file():
         raise CliError(f"no drafter GGUF at {args.drafter}; pass --drafter FILE or 'ngram'")

@@ -152,8 +152,8 @@ def run(args) -> int:
 async def _generate(args, addr: str) -> dict:
     """Each mode on the prompt through the link; the first one streamed to stdout."""
     from acespec.edge.client import channel
-    from acespec.edge.engine import EdgeEngine, EngineConfig
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.session import EdgeEngine, EngineConfig
     from acespec.edge.text import StreamDecoder, TextCodec
 
     drafter = LlamaDrafter(args.drafter, LlamaDrafterConfig(n_seq_max=2))

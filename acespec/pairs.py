@@ -73,7 +73,7 @@ def chat_template(name: str) -> str | None:
     """The pair's chat template (Jinja), read from the model's GGUF; None for `demo`."""
     if name != "smollm2":
         return None
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
     from acespec.models.smollm2 import ensure_gguf
 
     gguf = LlamaDrafter(str(ensure_gguf()), LlamaDrafterConfig(n_ctx=16, n_seq_max=1))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from acespec import pairs
 from acespec.argtypes import draft_ms, number
-from acespec.edge.engine_types import GROW_SEQS
+from acespec.edge.session.config import GROW_SEQS
 
 EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REFUSED = 2, 3, 4
 MAX_DEPTH, MAX_WINDOW = 64, 1024
@@ -159,8 +159,8 @@ def _add_engine_args(p, mode: str) -> None:
 
 def engine_config(args, **kw):
     """EngineConfig from the shared flags (an unset depth or window makes it adaptive)."""
-    from acespec.edge.engine import EngineConfig
-    from acespec.edge.state_cache import CacheConfig
+    from acespec.edge.session import EngineConfig
+    from acespec.edge.speculation.branches import CacheConfig
 
     adaptive = args.depth is None and args.window is None
     if args.depth is not None and args.window is not None and args.window < args.depth:
@@ -182,7 +182,7 @@ def _codec_and_drafter(args):
     from acespec.edge.text import TextCodec
 
     if args.drafter == "ngram":
-        from acespec.edge.ngram_drafter import NgramDrafter
+        from acespec.edge.drafting.ngram import NgramDrafter
         from acespec.shared.tokenizer import Tokenizer
 
         try:
@@ -203,7 +203,7 @@ def _emulation(args) -> dict:
 
 
 def _llama_codec_and_drafter(path: str, **config):
-    from acespec.edge.llama_drafter import DrafterError, LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.drafting.llama import DrafterError, LlamaDrafter, LlamaDrafterConfig
     from acespec.edge.text import TextCodec
 
     if not Path(path).is_file():
@@ -230,10 +230,9 @@ def _check_context(drafter, prompt: list[int], cfg) -> None:
 def run_generate(args) -> int:
     import grpc
 
-    from acespec.edge.client import channel, read_token_file
-    from acespec.edge.engine import EdgeEngine, EngineConfig
-    from acespec.edge.live_nodes import VerifierUnfit
-    from acespec.edge.llama_drafter import DrafterError
+    from acespec.edge.client import VerifierUnfit, channel, read_token_file
+    from acespec.edge.drafting.llama import DrafterError
+    from acespec.edge.session import EdgeEngine, EngineConfig
     from acespec.edge.text import StreamDecoder
     from acespec.shared.config import ConfigError, SamplingParams
     from acespec.shared.served import ServeParams
@@ -333,9 +332,9 @@ class _Status:
 
 def build_service(args):
     """The EdgeService for `serve` (also used by tests). ValueError/OSError naming the flag."""
+    from acespec.edge.api.app import EdgeMetrics
+    from acespec.edge.api.service import EdgeService
     from acespec.edge.client import channel, read_token_file
-    from acespec.edge.http_app import EdgeMetrics
-    from acespec.edge.server import EdgeService
     from acespec.shared.config import SamplingParams
     from acespec.shared.served import ServeParams
 
@@ -391,8 +390,8 @@ def _chat_template(args, drafter) -> str | None:
 
 
 def run_serve(args) -> int:
-    from acespec.edge.api_guard import GuardConfig
-    from acespec.edge.http_app import serve
+    from acespec.edge.api.app import serve
+    from acespec.edge.api.guard import GuardConfig
 
     try:
         svc = build_service(args)

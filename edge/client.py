@@ -11,7 +11,6 @@ from pathlib import Path
 
 import grpc
 
-from acespec.edge.live_nodes import VerifierUnfit
 from acespec.proto import PROTOCOL_VERSION, SESSION_KEY
 from acespec.proto import acespec_pb2 as pb
 from acespec.proto import acespec_pb2_grpc as pb_grpc
@@ -23,6 +22,11 @@ from acespec.proto.codec import (
     encode_serve_params,
 )
 from acespec.shared.served import NodeScore, ServeParams
+
+
+class VerifierUnfit(Exception):
+    """The verifier cannot serve this request as asked (a deployment problem, not a lost
+    connection): retrying would only fail again."""
 
 
 @dataclass(frozen=True)

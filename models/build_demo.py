@@ -206,7 +206,7 @@ def measure_acceptance(target_dir: Path, gguf: Path, corpus: Corpus, preset: Bui
     """Greedy tokens per target step (bonus included) at each depth, on held-out files:
     prompts of 64 tokens from the validation files, eval_tokens generated each."""
     from acespec.cloud.loader import load_model
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
     from acespec.shared.config import SamplingParams
     from acespec.shared.tokenizer import Tokenizer
     from acespec.sim.local import generate_local

@@ -39,7 +39,7 @@ class LlamaBatch:
                  n_batch: int = 512, threads: int = 1):
         import llama_cpp as ll
 
-        from acespec.edge.llama_drafter import _silence
+        from acespec.edge.drafting.llama import _silence
 
         _silence(ll)
         ll.llama_backend_init()

@@ -196,7 +196,7 @@ def greedy_acceptance(drafter, chats: dict[str, np.ndarray], depth: int) -> floa
 
 def measure(gguf_path: Path, work: Path, depths: tuple[int, ...]) -> dict:
     """{category or "all": {depth: tokens per target step}} on the eval answers."""
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
     from acespec.models.smollm2_corpus import load_chunks
 
     chats = load_chunks(work / "eval")

@@ -73,7 +73,7 @@ def load_prompts(path: str | None = None, per_category: int = 10) -> list[dict]:
 async def run_bench(cfg: BenchConfig, model_dir: str, drafter_path: str,
                     prompts: list[dict], progress=None) -> list[dict]:
     """One record per (link, mode, prompt)."""
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
     from acespec.edge.text import TextCodec
 
     drafter = LlamaDrafter(drafter_path, LlamaDrafterConfig(
@@ -205,7 +205,7 @@ async def _verifier_in_netns(cfg: BenchConfig, model_dir: str):
 async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, prompts,
                       state, progress) -> None:
     from acespec.edge.client import channel
-    from acespec.edge.engine import EdgeEngine, EngineConfig
+    from acespec.edge.session import EdgeEngine, EngineConfig
     from acespec.shared.config import SamplingParams
     from acespec.shared.served import ServeParams
     from acespec.sim.proxy import ProxyThread

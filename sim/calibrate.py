@@ -54,7 +54,7 @@ def time_target(model_dir: str, emulate: str, sizes=(1, 4, 8, 16, 32)) -> tuple[
 
 def time_drafter(drafter_path: str, tokens: int = 32) -> float:
     """Median seconds per drafted token (greedy, one sequence)."""
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
     from acespec.shared.config import SamplingParams
     from acespec.shared.sampling import PositionalRng
 

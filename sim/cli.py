@@ -174,7 +174,7 @@ def _template(args) -> str | None:
     """The chat template of --pair, else of the drafter GGUF (None if it has none)."""
     if args.pair:
         return pairs.chat_template(args.pair)
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
 
     gguf = LlamaDrafter(args.drafter, LlamaDrafterConfig(n_ctx=16, n_seq_max=1))
     try:

@@ -321,7 +321,7 @@ class _DecidingVerifier:
 
 
 class _DraftingEdge:
-    """The edge of a decided session (acespec.edge.decided): one worker that applies the
+    """The edge of a decided session (acespec.edge.session.chain): one worker that applies the
     Decided messages that have arrived, then drafts a chunk while its chain (drafts beyond
     what it knows is decided) leaves room in the window, else waits for the next message."""
 

@@ -1,4 +1,4 @@
-"""Adaptive depth/window and the link estimate (acespec.edge.adaptive), the recovery model of
+"""Adaptive depth/window and the link estimate (acespec.edge.speculation.adaptive), the recovery model of
 the state cache, and one real run over a link whose bandwidth drops mid-generation."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from acespec.edge.adaptive import (
+from acespec.edge.speculation.adaptive import (
     LinkBudgets,
     LinkEstimate,
     Shape,
@@ -14,7 +14,7 @@ from acespec.edge.adaptive import (
     cycle_seconds,
     tokens_per_cycle,
 )
-from acespec.edge.state_cache import RecoveryModel
+from acespec.edge.speculation.calibration import RecoveryModel
 
 
 def exchanges(est: LinkEstimate, rng, n: int, base: float, bw: float, step: float) -> None:
@@ -115,8 +115,8 @@ def test_adaptive_run_over_a_link_whose_bandwidth_drops(tiny_pair, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("llama_cpp")
     from acespec.edge.client import channel
-    from acespec.edge.engine import EdgeEngine, EngineConfig
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.session import EdgeEngine, EngineConfig
     from acespec.shared.tokenizer import Tokenizer
     from acespec.sim.proxy import LinkProxy
     from acespec.sim.stages import LinkSpec

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from acespec.edge.allocator import Candidate, allocate
+from acespec.edge.speculation.allocator import Candidate, allocate
 
 K = 3
 

@@ -52,7 +52,7 @@ def test_transformers_loads_target_unchanged_and_logits_match(built):
 
 
 def test_q8_gguf_tracks_f16(built):
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
 
     out = built[0] / "out"
     ids = list(range(2, 60))

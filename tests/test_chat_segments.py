@@ -42,7 +42,7 @@ def test_a_template_that_drops_content_is_refused():
 @pytest.mark.slow
 def test_smollm2_forgery_is_text_under_its_own_template(smollm2_cache):
     pytest.importorskip("llama_cpp")
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
     from acespec.models.smollm2 import GGUF_NAME
 
     d = LlamaDrafter(str(smollm2_cache / "smollm2" / GGUF_NAME),

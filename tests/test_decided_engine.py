@@ -18,9 +18,9 @@ from acespec.cloud.metrics import Metrics  # noqa: E402
 from acespec.cloud.server import ServerConfig, create_server  # noqa: E402
 from acespec.cloud.servicer import VerifierServicer  # noqa: E402
 from acespec.edge.client import VerifierTooOld, channel  # noqa: E402
-from acespec.edge.engine import EdgeEngine, EngineConfig  # noqa: E402
-from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
-from acespec.edge.ngram_drafter import NgramDrafter  # noqa: E402
+from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
+from acespec.edge.drafting.ngram import NgramDrafter  # noqa: E402
+from acespec.edge.session import EdgeEngine, EngineConfig  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402

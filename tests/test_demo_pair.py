@@ -37,7 +37,7 @@ def test_target_loads_in_transformers_with_matching_logits():
 
 
 def test_q8_drafter_tracks_f16_and_shares_the_vocabulary():
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
 
     tok = Tokenizer.load(DEMO_TARGET)
     ids = tok.encode(TEXT)

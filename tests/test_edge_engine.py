@@ -12,10 +12,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
 from acespec.edge.client import channel  # noqa: E402
-from acespec.edge.engine import EdgeEngine, EngineConfig  # noqa: E402
-from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
-from acespec.edge.ngram_drafter import NgramDrafter  # noqa: E402
-from acespec.edge.state_cache import CacheConfig  # noqa: E402
+from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
+from acespec.edge.drafting.ngram import NgramDrafter  # noqa: E402
+from acespec.edge.session import EdgeEngine, EngineConfig  # noqa: E402
+from acespec.edge.speculation.branches import CacheConfig  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import UNITS, ServeParams, served  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402

@@ -32,8 +32,8 @@ from acespec.cloud.batcher import StepEmulation  # noqa: E402
 from acespec.cloud.engine import Engine, Limits  # noqa: E402
 from acespec.cloud.server import ServerConfig  # noqa: E402
 from acespec.cloud.servicer import VerifierServicer  # noqa: E402
+from acespec.edge.api.app import create_app  # noqa: E402
 from acespec.edge.cli import build_service  # noqa: E402
-from acespec.edge.http_app import create_app  # noqa: E402
 from acespec.proto import acespec_pb2 as pb  # noqa: E402
 from acespec.proto import acespec_pb2_grpc as pb_grpc  # noqa: E402
 from acespec.proto.codec import decode_extend, decode_serve_params, encode_scores  # noqa: E402
@@ -393,9 +393,9 @@ def test_small_grants_in_every_mode_and_sampling(stack, noisy_gguf, grant):
     """Tiny grants with a drafter that is often wrong (rejections leave dead nodes the
     verifier frees one Extend late): the output is unchanged, nothing is refused."""
     from acespec.edge.client import channel
-    from acespec.edge.engine import EdgeEngine, EngineConfig
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
-    from acespec.edge.state_cache import CacheConfig
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.session import EdgeEngine, EngineConfig
+    from acespec.edge.speculation.branches import CacheConfig
     from acespec.shared.config import SamplingParams
     from acespec.shared.served import ServeParams
 

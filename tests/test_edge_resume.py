@@ -20,8 +20,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
 from acespec.edge.client import channel  # noqa: E402
-from acespec.edge.engine import EdgeEngine, EngineConfig  # noqa: E402
-from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
+from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
+from acespec.edge.session import EdgeEngine, EngineConfig  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402

@@ -16,9 +16,9 @@ pytest.importorskip("llama_cpp")
 from acespec.cloud.batcher import StepEmulation  # noqa: E402
 from acespec.cloud.server import ServerConfig  # noqa: E402
 from acespec.edge.client import channel  # noqa: E402
-from acespec.edge.drafter import Draft  # noqa: E402
-from acespec.edge.engine import EdgeEngine, EngineConfig  # noqa: E402
-from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
+from acespec.edge.drafting.base import Draft  # noqa: E402
+from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
+from acespec.edge.session import EdgeEngine, EngineConfig  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 from acespec.sim.proxy import LinkProxy  # noqa: E402
 from acespec.sim.stages import LinkSpec  # noqa: E402

@@ -201,8 +201,8 @@ def test_engine_through_a_50kbit_50ms_link(tiny_pair):
     includes the link's 50 ms."""
     pytest.importorskip("torch")
     pytest.importorskip("llama_cpp")
-    from acespec.edge.engine import EdgeEngine, EngineConfig
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.session import EdgeEngine, EngineConfig
     from acespec.shared.tokenizer import Tokenizer
 
     from conftest import plain_greedy

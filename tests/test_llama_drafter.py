@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
-from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
+from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 
@@ -97,7 +97,7 @@ def test_seeded_sampling_reproducible(tiny_pair):
 
 
 def test_missing_or_bad_file_is_a_clear_error(tmp_path):
-    from acespec.edge.llama_drafter import DrafterError
+    from acespec.edge.drafting.llama import DrafterError
 
     with pytest.raises(FileNotFoundError, match="not found"):
         LlamaDrafter(tmp_path / "nope.gguf")

@@ -14,8 +14,8 @@ from conftest import plain_greedy
 torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
-from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
-from acespec.edge.ngram_drafter import NgramDrafter  # noqa: E402
+from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
+from acespec.edge.drafting.ngram import NgramDrafter  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 from acespec.sim.local import generate_local  # noqa: E402

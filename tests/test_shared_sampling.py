@@ -7,7 +7,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from acespec.edge.ngram_drafter import NgramDrafter
+from acespec.edge.drafting.ngram import NgramDrafter
 from acespec.shared.config import ConfigError, SamplingParams
 from acespec.shared.sampling import sample, transform
 from acespec.shared.tokenizer import vocab_hash

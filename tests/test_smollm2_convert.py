@@ -149,7 +149,7 @@ def test_verifier_logits_match_transformers(files, hf_model, hf_tok):
 
 
 def test_tokenizer_round_trip_equals_llama_cpp(files, hf_tok, llama):
-    from acespec.edge.llama_drafter import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
     from acespec.edge.text import TextCodec
     from acespec.shared.tokenizer import Tokenizer
 

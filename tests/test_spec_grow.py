@@ -1,4 +1,4 @@
-"""The edge's speculation tree (acespec.edge.spec_grow): path probabilities, re-rooting on
+"""The edge's speculation tree (acespec.edge.speculation.grow_tree): path probabilities, re-rooting on
 decided tokens (accepted / hit / rejected / continuation), freeing the drafter sequences of
 dead subtrees, and the choice of leaves within budgets."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from acespec.edge.spec_grow import (
+from acespec.edge.speculation.calibration import AcceptanceModel, RecoveryModel
+from acespec.edge.speculation.grow_tree import (
     ACCEPTED,
     CONTINUATION,
     HIT,
@@ -15,7 +16,6 @@ from acespec.edge.spec_grow import (
     GrowCosts,
     GrowTree,
 )
-from acespec.edge.state_cache import AcceptanceModel, RecoveryModel
 
 V = 20
 

@@ -18,13 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from acespec.edge.client import VerifierUnfit
+
 RESERVE = 2  # a decided token and one draft: the smallest Extend that makes progress
 MIN_GRANT = RESERVE + 1  # one draft in flight while a decided token can still be sent
-
-
-class VerifierUnfit(Exception):
-    """The verifier cannot serve this request as asked (a deployment problem, not a lost
-    connection): retrying would only fail again."""
 
 
 class GrantTooSmall(VerifierUnfit):

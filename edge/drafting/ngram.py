@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from acespec.edge.drafter import Draft
+from acespec.edge.drafting.base import Draft
 from acespec.shared.config import SamplingParams
 
 

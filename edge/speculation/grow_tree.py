@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from acespec.edge.allocator import Candidate, allocate
-from acespec.edge.state_cache import AcceptanceModel, RecoveryModel, guesses
+from acespec.edge.speculation.allocator import Candidate, allocate
+from acespec.edge.speculation.branches import guesses
+from acespec.edge.speculation.calibration import AcceptanceModel, RecoveryModel
 
 ACCEPTED, HIT, REJECTED, CONTINUATION = "accepted", "hit", "rejected", "continuation"
 
@@ -166,7 +167,7 @@ class GrowTree:
     def select(self, cands: list[tuple[GNode, float]], budget: GrowBudget,
                costs: GrowCosts) -> list[GNode]:
         """The leaves to grow in one step: highest value first; when a budget binds, the
-        Lagrangian allocator (acespec.edge.allocator) picks within every budget."""
+        Lagrangian allocator (acespec.edge.speculation.allocator) picks within every budget."""
         cands = sorted(cands, key=lambda c: -c[1])[:max(0, budget.batch)]
         per = (costs.kv_per_token, 0.0, costs.up_per_node, 0.0, 1.0)
         limits = (budget.kv_bytes, 1.0, budget.uplink_bytes, 1.0, float(budget.nodes))

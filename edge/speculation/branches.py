@@ -7,24 +7,25 @@ j's parent in the same Extend, so the cloud scores them in the same pass. If the
 rejects at j and the exactly drawn recovered token equals c, it walks into the branch: no
 round trip lost (a hit). Guessed tokens are never tested with p/q, so exactness holds.
 
-Which branches to build is a Lagrangian allocation (acespec.edge.allocator) of value
+Which branches to build is a Lagrangian allocation (acespec.edge.speculation.allocator) of value
 P(first rejection at j) * P(c | rejection at j) * saved time, against budgets in edge KV
 bytes, draft time, uplink bytes, downlink bytes and cloud nodes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from acespec.edge.allocator import BUDGETS, Candidate, allocate
+from acespec.edge.speculation.allocator import BUDGETS, Candidate, allocate
+from acespec.edge.speculation.calibration import AcceptanceModel, RecoveryModel
 
 
 @dataclass(frozen=True)
 class CacheConfig:
     """Budgets per chunk. draft_ms / uplink_bytes / downlink_bytes of None are derived from
-    the measured link and device (acespec.edge.adaptive.LinkBudgets); a number fixes them."""
+    the measured link and device (acespec.edge.speculation.adaptive.LinkBudgets); a number fixes them."""
 
     guesses: int = 2  # recovery tokens considered per draft position
     branch_depth: int = 4  # most drafts below a guessed token
@@ -40,52 +41,6 @@ class CacheConfig:
         mine = (self.draft_ms, self.uplink_bytes, self.downlink_bytes)
         d, u, w = (m if m is not None else x for m, x in zip(mine, derived))
         return np.array([self.kv_bytes, d, u, w, self.cloud_nodes])
-
-
-@dataclass
-class RecoveryModel:
-    """P(recovered token = the drafter's r-th alternative | rejection): the rank (in the
-    drafter's order, the draft itself skipped) of every recovered token the downlink
-    revealed, counted; blended with the drafter's own renormalised probability through a
-    prior worth `prior` observations. Index `guesses` counts "none of the guesses"."""
-
-    guesses: int = 2
-    prior: float = 8.0
-    counts: np.ndarray | None = None  # [guesses + 1]
-
-    def __post_init__(self):
-        if self.counts is None:
-            self.counts = np.zeros(self.guesses + 1)
-
-    def observe(self, rank: int) -> None:
-        self.counts[min(rank, self.guesses)] += 1
-
-    def p(self, rank: int, drafter_p: float) -> float:
-        n = self.counts.sum()
-        return float((self.counts[rank] + self.prior * drafter_p) / (n + self.prior))
-
-
-@dataclass
-class AcceptanceModel:
-    """P(accept) of a draft from its confidence (the drafter's plain softmax at the draft:
-    q itself is one-hot under greedy decoding), calibrated online: Beta(2, 1) prior per bin
-    of confidence, updated with every verdict the walk reveals."""
-
-    bins: int = 10
-    accepted: np.ndarray = field(default_factory=lambda: np.full(10, 2.0))
-    total: np.ndarray = field(default_factory=lambda: np.full(10, 3.0))
-
-    def _bin(self, qx: float) -> int:
-        return min(self.bins - 1, int(qx * self.bins))
-
-    def p(self, qx: float) -> float:
-        b = self._bin(qx)
-        return float(self.accepted[b] / self.total[b])
-
-    def update(self, qx: float, accepted: bool) -> None:
-        b = self._bin(qx)
-        self.total[b] += 1
-        self.accepted[b] += accepted
 
 
 @dataclass(frozen=True)

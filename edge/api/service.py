@@ -17,9 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from acespec.edge.engine import EdgeEngine, EngineConfig, Stats
-from acespec.edge.engine_types import GROW_SEQS
-from acespec.edge.openai_types import (
+from acespec.edge.api.openai_types import (
     ApiError,
     CompletionRequest,
     choice,
@@ -27,6 +25,8 @@ from acespec.edge.openai_types import (
     new_id,
     usage,
 )
+from acespec.edge.session import EdgeEngine, EngineConfig, Stats
+from acespec.edge.session.config import GROW_SEQS
 from acespec.edge.text import StreamDecoder, TextCodec, chat_segments
 from acespec.shared.config import SamplingParams
 from acespec.shared.served import ServeParams

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from acespec.edge.drafter import Draft, draw
+from acespec.edge.drafting.base import Draft, draw
 from acespec.shared.config import SamplingParams
 from acespec.shared.sampling import transform
 from acespec.shared.tokenizer import vocab_hash

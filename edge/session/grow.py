@@ -1,7 +1,7 @@
 """The edge's side of a decided session with a speculation tree (Grow; DESIGN §6).
 
 The verifier decides every token and never waits for the link (acespec.cloud.decided); the
-edge grows a tree of likely continuations beside the decided text (acespec.edge.spec_grow)
+edge grows a tree of likely continuations beside the decided text (acespec.edge.speculation.grow_tree)
 and streams its new nodes up: the drafted line, guessed recovery tokens at the positions
 where a rejection is likely, and continuations of both. Each decided token re-roots the
 tree: an accepted draft or a hit on a guessed branch keeps the subtree below it, already
@@ -12,11 +12,13 @@ Leaves are grown several per batched drafter decode, each in its own drafter seq
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from acespec.edge.client import CloudSession
-from acespec.edge.decided import DecidedDriver
-from acespec.edge.spec_grow import (
+from acespec.edge.session.decided import DecidedSession
+from acespec.edge.session.runner import Runner
+from acespec.edge.speculation.grow_tree import (
     ACCEPTED,
     HIT,
     REJECTED,
@@ -39,20 +41,20 @@ BRANCH_SHARE = 0.5  # guessed branches may hold this share of the window
 SLOW_LINK_BPS = 50e3  # assumed until the link is measured: the slow case we design for
 
 
-class GrowDriver(DecidedDriver):
+class GrowDriver(DecidedSession):
     """Runs one connection attempt of a decided session whose verifier takes Grow."""
 
-    def __init__(self, run, sess: CloudSession):
-        super().__init__(run, sess)
-        context = run.prompt + run.out
+    def __init__(self, run: Runner, sess: CloudSession, inbox: asyncio.Queue):
+        super().__init__(run, sess, inbox)
+        context = run.context
         self.tree = GrowTree(context[-1], len(context), run.acc, run.cfg.cache.guesses)
-        limit = getattr(getattr(run.e.drafter, "config", None), "n_seq_max", 1 << 30)
+        limit = getattr(getattr(run.drafter, "config", None), "n_seq_max", 1 << 30)
         self.free = [s for s in run.branch_seqs if s != run.seq and s < limit]
         self.tree.root.seq = run.seq
         self.pass_s = 0.05  # the verifier's seconds per pass (smoothed)
         self.last_decided: float | None = None
 
-    async def _work(self) -> bool:
+    async def work(self) -> bool:
         """One growth step (sending once a message's worth is ready), or the last nodes."""
         if await self._grow_step():
             if len(self.tree.unsent) >= max(SEND_BATCH, self._chunk()) or \
@@ -105,7 +107,7 @@ class GrowDriver(DecidedDriver):
         grow = [n for n in line + branches if self._seq_for(n, p_of, busy) is not None]
         if not grow:
             return bool(guessed)
-        contexts = [run.prompt + run.out + tree.path(n) for n in grow]
+        contexts = [run.context + tree.path(n) for n in grow]
         drafts = await run.propose_many(contexts, [n.seq for n in grow])
         for n, d in zip(grow, drafts):
             tree.expand(n, int(d.tokens[0]), d.q[0] if d.ranks is None else d.ranks[0],
@@ -132,7 +134,7 @@ class GrowDriver(DecidedDriver):
         run, tree = self.run, self.tree
         if n <= 0 or self._seq_for(tip) is None:
             return False
-        context = run.prompt + run.out + tree.path(tip)
+        context = run.context + tree.path(tip)
         draft = await run.propose(context, n, tip.seq)
         ranks = draft.q if draft.ranks is None else draft.ranks
         node = tip
@@ -158,9 +160,9 @@ class GrowDriver(DecidedDriver):
             return None
         node.seq = self.free.pop()
         src_seq = self._holder(parent)
-        drafter = self.run.e.drafter
+        drafter = self.run.drafter
         if src_seq is not None and hasattr(drafter, "fork"):
-            drafter.fork(src_seq, node.seq, len(self.run.prompt) + len(self.run.out)
+            drafter.fork(src_seq, node.seq, self.run.committed_end
                          + len(self.tree.path(parent)))
         return node.seq
 
@@ -199,7 +201,7 @@ class GrowDriver(DecidedDriver):
     def _free_dropped(self) -> None:
         """Sequences of dead nodes go back to the pool, cut to the committed text (the
         unified KV frees their cells)."""
-        drafter, keep = self.run.e.drafter, len(self.run.prompt) + len(self.run.out)
+        drafter, keep = self.run.drafter, self.run.committed_end
         while self.tree.dropped_seqs:
             seq = self.tree.dropped_seqs.pop()
             if hasattr(drafter, "truncate"):
@@ -209,7 +211,7 @@ class GrowDriver(DecidedDriver):
             self.tree.root.seq = self.free.pop()
 
     def _costs(self) -> GrowCosts:
-        return GrowCosts(kv_per_token=float(getattr(self.run.e.drafter, "kv_bytes_per_token",
+        return GrowCosts(kv_per_token=float(getattr(self.run.drafter, "kv_bytes_per_token",
                                                     4096.0)))
 
     def _kv_room(self, live: int) -> float:
@@ -253,7 +255,7 @@ class GrowDriver(DecidedDriver):
             n.nid = first + i
         parents = [ROOT if n.parent is None or n.parent is tree.root else n.parent.nid
                    for n in nodes]
-        await self._guarded(self.sess.grow(tree.end, [n.token for n in nodes], parents))
+        await self.guarded(self.sess.grow(tree.end, [n.token for n in nodes], parents))
         self.run.stats.note_tree(*tree.shape())
 
         self.run.stats.cache.branch_nodes += sum(n.guess for n in nodes)
@@ -265,7 +267,7 @@ class GrowDriver(DecidedDriver):
         root = tree.root
         if root.draft is not None:
             run.acc.update(root.conf, root.draft.token == t)
-            run.alpha += 0.05 * ((root.draft.token == t) - run.alpha)
+            run.learn_acceptance(root.draft.token == t)
         verdict = tree.take(t)
         if verdict in (HIT, REJECTED):
             stats.cache.rejections += 1
@@ -274,11 +276,11 @@ class GrowDriver(DecidedDriver):
         stats.accepted += verdict == ACCEPTED
         stats.verdicts[verdict] = stats.verdicts.get(verdict, 0) + 1
 
-    def _take_tokens(self, tokens: list[int]) -> None:
+    def take_tokens(self, tokens: list[int]) -> None:
         self._time_pass()
         for t in tokens:
             self._apply_token(t)
-            self.run._emit([t])
+            self.run.emit([t])
             if self.run.finished:
                 break
 

@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
-from acespec.edge.api_guard import ApiGuard, GuardConfig
-from acespec.edge.live_nodes import VerifierUnfit
-from acespec.edge.openai_types import ApiError, parse_request
-from acespec.edge.server import EdgeService, ShuttingDown, complete, stream
+from acespec.edge.api.guard import ApiGuard, GuardConfig
+from acespec.edge.api.openai_types import ApiError, parse_request
+from acespec.edge.api.service import EdgeService, ShuttingDown, complete, stream
+from acespec.edge.client import VerifierUnfit
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Configuration and statistics of one edge generation (see acespec.edge.engine)."""
+"""Configuration and statistics of one edge generation (see acespec.edge.session)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from acespec.edge.state_cache import CacheConfig, CacheStats
+from acespec.edge.speculation.branches import CacheConfig, CacheStats
 from acespec.shared.served import ServeParams
 
 MODES = ("ar", "sd", "pipeline", "acespec")
@@ -32,7 +32,7 @@ class EngineConfig:
     # takes it; False: one chain (Drafts), as before the state cache grew trees
     verifier_decides: bool = True  # acespec, greedy/coupled: the verifier decides (Drafts/
     # Decided); False keeps the tree protocol with the state cache's branches
-    adaptive: bool = False  # depth/window follow the link (acespec.edge.adaptive); start at depth/window
+    adaptive: bool = False  # depth/window follow the link (acespec.edge.speculation.adaptive); start at depth/window
     max_depth: int = 8  # bounds for the adaptive shape
     max_window: int = 32
 

@@ -1,0 +1,6 @@
+"""Drafters behind one interface, `Drafter.propose(context, n, sampling, rng) -> Draft`:
+
+    base.py    Draft, the Drafter protocol, draw (sampling a draft from q)
+    llama.py   LlamaDrafter: llama.cpp on a GGUF file (batched, forked sequences)
+    ngram.py   NgramDrafter: prompt lookup, no model (tests, and a drafter-less edge)
+"""

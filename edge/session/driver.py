@@ -1,0 +1,56 @@
+"""The interface of a session driver, and the downlink plumbing every streaming driver uses.
+
+A driver runs one connection attempt of one request in one wire protocol:
+
+* ar      (acespec.edge.session.ar)      `Generate`: the verifier decodes alone.
+* exact   (acespec.edge.session.exact)   `Extend`/`Scores`: the edge walks the scored tree.
+* chain   (acespec.edge.session.chain)   `Drafts`/`Decided`: the verifier decides, one chain.
+* grow    (acespec.edge.session.grow)    `Grow`/`Decided`: the verifier decides, a tree.
+
+It reads and writes the request's state only through the Runner's public surface
+(acespec.edge.session.runner), returns when the request is finished, and raises when the
+connection is lost (Lost, ConnectionError, a gRPC error); the engine then reconnects and a
+new driver resumes from the committed text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+import grpc
+
+from acespec.edge.client import CloudSession
+
+
+class Lost(ConnectionError):
+    """The verifier connection failed mid-session; the engine reconnects."""
+
+
+class Driver(Protocol):
+    async def drive(self) -> None:
+        """Decode until the runner is finished; raise if the connection is lost."""
+
+
+async def read_downlink(sess: CloudSession, inbox: asyncio.Queue) -> None:
+    """Hand every downlink message to the driver as (message, bytes, server seconds); the
+    reader's error, last, as the exception itself."""
+    try:
+        while True:
+            before = sess.bytes_down
+            msg = await sess.recv()
+            await inbox.put((msg, sess.bytes_down - before, sess.server_s))
+    except Exception as e:  # noqa: BLE001 - handed to the driver, which reconnects
+        await inbox.put(e)
+
+
+def unpack(item) -> tuple[object, int, float]:
+    """(message, bytes, server seconds) of one inbox item, or raise what the reader met: a
+    refusal from the verifier as it is (the caller decides, no blind retry), anything else
+    as Lost."""
+    msg, size, server_s = item if isinstance(item, tuple) else (item, 0, 0.0)
+    if isinstance(msg, grpc.aio.AioRpcError) and msg.code() != grpc.StatusCode.UNAVAILABLE:
+        raise msg
+    if isinstance(msg, Exception):
+        raise Lost(str(msg)) from msg
+    return msg, size, server_s

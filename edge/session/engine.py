@@ -1,0 +1,178 @@
+"""The edge engine: one request decoded against a remote verifier, in any mode.
+
+Modes (EngineConfig.mode) and the wire protocol that serves each:
+
+* ar       - cloud-only `Generate` (the baseline; no drafter)      -> ArDriver
+* sd       - draft `depth`, send, wait, walk, repeat               -> ExactDriver
+* pipeline - keep drafting past in-flight nodes up to `window`     -> ExactDriver
+* acespec  - the verifier decides (greedy/coupled) and the edge streams a speculation
+             tree (`Grow`, GrowDriver) or one chain (`Drafts`, ChainDriver); with random
+             sampling, or against a verifier that cannot decide, pipeline plus the state
+             cache's branches (ExactDriver).
+
+All modes sample p~ exactly; greedy gives the same text in every mode. The Runner holds the
+committed text across connection attempts: if the verifier goes away, the engine reconnects
+with backoff and re-opens the session with the committed tokens, losing and duplicating
+nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import grpc
+
+from acespec.edge.client import CloudSession
+from acespec.edge.session.ar import ArDriver
+from acespec.edge.session.chain import ChainDriver
+from acespec.edge.session.config import GROW_SEQS, EngineConfig, Stats
+from acespec.edge.session.driver import Driver, Lost, read_downlink
+from acespec.edge.session.exact import ExactDriver
+from acespec.edge.session.grow import GrowDriver
+from acespec.edge.session.runner import OnTokens, Runner
+
+log = logging.getLogger(__name__)
+
+
+class EdgeEngine:
+    def __init__(self, connect: Callable[[], grpc.aio.Channel], vocab_hash: str,
+                 drafter=None, token: str | None = None, owns_channels: bool = True):
+        """connect() gives a channel per session attempt; with owns_channels=False it may
+        return one shared channel, which the engine then never closes."""
+        self.connect, self.vocab_hash, self.drafter, self.token = connect, vocab_hash, drafter, token
+        self.owns_channels = owns_channels
+
+    async def generate(self, prompt: Sequence[int], cfg: EngineConfig,
+                       on_tokens: OnTokens | None = None,
+                       seq: int = 0, branch_seq: int | Sequence[int] | None = None
+                       ) -> tuple[list[int], Stats]:
+        """Decode up to cfg.max_tokens after `prompt`; returns (tokens, stats). on_tokens is
+        called with each newly committed token (and the running stats). `seq` is the
+        drafter sequence this request may use (one per concurrent request); acespec mode
+        builds its branches on `branch_seq` (default seq + 1..seq + 6; a list gives several),
+        which no other request may use.
+        Raises ConnectionError when the verifier cannot be reached (soon, if it never was),
+        grpc.aio.AioRpcError when it refuses, GrantTooSmall when its grant is too small."""
+        if cfg.mode != "ar" and self.drafter is None:
+            raise ValueError(f"mode {cfg.mode!r} needs a drafter")
+        if branch_seq is None:  # as many as the drafter has, up to GROW_SEQS
+            limit = getattr(getattr(self.drafter, "config", None), "n_seq_max", seq + 7)
+            branch_seq = list(range(seq + 1, min(seq + 1 + GROW_SEQS, limit))) or [seq + 1]
+        run = Runner(self.drafter, list(prompt), cfg, on_tokens, seq,
+                     [branch_seq] if isinstance(branch_seq, int) else list(branch_seq))
+        retry = Reconnect(cfg)
+        while not run.finished:
+            try:
+                await self._attempt(run)
+            except (grpc.aio.AioRpcError, ConnectionError, Lost) as e:
+                await retry.wait(e, run)
+        run.stats.seconds = time.perf_counter() - run.t0
+        return run.out, run.stats
+
+    async def _attempt(self, run: Runner) -> None:
+        """One connection attempt: a channel, a session in the mode's protocol, its driver."""
+        ch = self.connect()
+        try:
+            if run.cfg.mode == "ar":
+                await ArDriver(run, ch, self.vocab_hash, self.token).drive()
+            else:
+                await self._stream(run, CloudSession(ch, self.token))
+        finally:
+            if self.owns_channels:
+                await ch.close()
+
+    async def _stream(self, run: Runner, sess: CloudSession) -> None:
+        run.attach(sess)
+        inbox: asyncio.Queue = asyncio.Queue()
+        reader = None
+        try:
+            driver = await self._open(run, sess, inbox)
+            run.connected = True
+            reader = asyncio.create_task(read_downlink(sess, inbox))
+            await driver.drive()
+            await sess.close()
+        finally:
+            if reader:
+                reader.cancel()
+            if not run.finished:
+                sess.cancel()  # an error or a cancelled request: the verifier frees the KV
+            run.detach()
+
+    async def _open(self, run: Runner, sess: CloudSession, inbox: asyncio.Queue) -> Driver:
+        """Open the session and pick its driver: the verifier decides in acespec mode with
+        greedy/coupled sampling (an older verifier answers with a root score instead)."""
+        cfg = run.cfg
+        if cfg.mode == "acespec" and cfg.serve.sampling.decided and cfg.verifier_decides:
+            root = await sess.open_decided(run.context, cfg.serve, cfg.seed, self.vocab_hash,
+                                           cfg.max_tokens - len(run.out), sorted(cfg.stop_ids))
+            if root is None:
+                grow = sess.grows and cfg.grow_tree
+                return (GrowDriver if grow else ChainDriver)(run, sess, inbox)
+        else:
+            # Commits ride on the next Extend, so the verifier frees dead and committed
+            # nodes one Extend later than the edge does: it may hold up to twice the window.
+            root = await sess.open(run.context, cfg.serve, cfg.seed, self.vocab_hash,
+                                   max_live_nodes=ExactDriver.live_limit(cfg))
+        return ExactDriver(run, sess, inbox, root)
+
+
+def _reason(e: Exception) -> str:
+    """One line for a failed call (an AioRpcError's str() is a multi-line debug dump)."""
+    if isinstance(e, grpc.aio.AioRpcError):
+        return f"{e.code().name}: {e.details()}"
+    return str(e)
+
+
+def _retriable(e: Exception) -> bool:
+    """A lost connection is worth a new session; a refusal (bad request, auth, vocabulary,
+    an unusable token in the metadata) would only be refused again."""
+    if not isinstance(e, grpc.aio.AioRpcError):
+        return True
+    if "metadata" in (e.details() or "").lower():
+        return False
+    return e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                        grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+
+
+class Reconnect:
+    """The resume policy of one request: exponential backoff for a connection that worked
+    (the committed text is kept), but a quick, clear failure when no session ever opened:
+    a wrong address or a verifier that is down should not take half a minute to report."""
+
+    def __init__(self, cfg: EngineConfig):
+        self.cfg, self.t0 = cfg, time.perf_counter()
+        self.delay, self.failures, self.progress = cfg.backoff_s, 0, 0
+        self.outage_t0 = time.perf_counter()
+
+    async def wait(self, e: Exception, run: Runner) -> None:
+        """Sleep before the next attempt, or raise when the request should fail now."""
+        if not _retriable(e):
+            raise e
+        cfg = self.cfg
+        if not run.connected and (time.perf_counter() - self.t0 + self.delay
+                                  > cfg.connect_timeout_s):
+            raise ConnectionError(f"no connection within {cfg.connect_timeout_s:g} s "
+                                  f"({_reason(e)})") from e
+        if len(run.out) > self.progress:  # the last session got somewhere: a new outage
+            self.delay, self.failures, self.progress = cfg.backoff_s, 0, len(run.out)
+        if self.failures == 0:
+            self.outage_t0 = time.perf_counter()
+        deadline = cfg.reconnect_deadline_s
+        if deadline is not None:
+            if time.perf_counter() - self.outage_t0 + self.delay > deadline:
+                raise ConnectionError(f"verifier unreachable for {deadline:g} s "
+                                      f"(reconnect deadline; {_reason(e)})") from e
+        elif self.failures >= cfg.max_reconnects:
+            raise ConnectionError(f"verifier unreachable after {cfg.max_reconnects} "
+                                  f"reconnects ({_reason(e)})") from e
+        self.failures += 1
+        run.stats.reconnects += 1
+        # Before any session opened this is not an outage yet, only a slow start: no warning.
+        log.log(logging.WARNING if run.connected else logging.INFO,
+                "verifier connection lost (%s); reconnecting in %.2f s with %d committed "
+                "tokens", _reason(e), self.delay, len(run.out))
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.delay * 2, 8.0 if deadline is None else 2.0)

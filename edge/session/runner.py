@@ -1,0 +1,136 @@
+"""What every mode of one request shares, across reconnects: the committed text and its
+emission (stop ids, max_tokens, the caller's callback), the stats and live byte counts,
+drafter calls off the event loop, the positional RNGs, the models that learn from verdicts,
+and the link estimate. A driver (one per wire protocol, acespec.edge.session.driver) runs
+one connection attempt through this runner's public surface only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from acespec.edge.client import CloudSession
+from acespec.edge.session.config import EngineConfig, Stats
+from acespec.edge.speculation.adaptive import LinkEstimate, Shape
+from acespec.edge.speculation.calibration import AcceptanceModel, RecoveryModel
+from acespec.shared.sampling import PositionalRng
+
+# on_tokens(new tokens, running stats) -> True when the caller wants no more (a stop string)
+OnTokens = Callable[[list[int], Stats], "bool | None"]
+
+
+class Runner:
+    """State of one request across reconnects (EdgeEngine.generate makes one per request)."""
+
+    def __init__(self, drafter, prompt: list[int], cfg: EngineConfig,
+                 on_tokens: OnTokens | None, seq: int, branch_seqs: list[int]):
+        self.drafter, self.prompt, self.cfg, self.on_tokens = drafter, prompt, cfg, on_tokens
+        self.seq, self.branch_seqs = seq, branch_seqs  # drafter sequences this request owns
+        self.acc = AcceptanceModel()  # P(accept | drafter confidence), learnt from verdicts
+        self.rec = RecoveryModel(cfg.cache.guesses)  # P(recovered token = guess k)
+        self.link = LinkEstimate()
+        self.shape = Shape(cfg.depth, cfg.window)  # follows the link when cfg.adaptive
+        self.alpha = 0.7  # running per-position acceptance (for the shape model)
+        self.draft_s = 1e-3  # running drafter seconds per token
+        self.out: list[int] = []  # the committed text (after the prompt)
+        self.stats = Stats()
+        self.t0 = time.perf_counter()
+        self.finished = False
+        self.connected = False  # a verifier answered at least once (resume, not fail fast)
+        self._sess: CloudSession | None = None  # the live session (for live byte counts)
+        self._base_bytes = (0, 0)
+
+    @property
+    def context(self) -> list[int]:
+        """Prompt + committed text: what a new session opens with."""
+        return self.prompt + self.out
+
+    @property
+    def committed_end(self) -> int:
+        """Position just after the committed text."""
+        return len(self.prompt) + len(self.out)
+
+    # -- live byte counts -----------------------------------------------------------
+
+    def attach(self, sess: CloudSession) -> None:
+        """Count this session's wire bytes on top of the earlier attempts'."""
+        self._sess, self._base_bytes = sess, (self.stats.wire_bytes_up, self.stats.wire_bytes_down)
+
+    def detach(self) -> None:
+        self._sync_bytes()
+        self._sess = None
+
+    def _sync_bytes(self) -> None:
+        if self._sess is not None:
+            self.stats.wire_bytes_up = self._base_bytes[0] + self._sess.bytes_up
+            self.stats.wire_bytes_down = self._base_bytes[1] + self._sess.bytes_down
+
+    # -- committed text -------------------------------------------------------------
+
+    def emit(self, tokens: list[int]) -> None:
+        """Append decided tokens, honouring stop ids and max_tokens."""
+        for t in tokens:
+            if self.finished:
+                return
+            if t in self.cfg.stop_ids:
+                self.finished = True
+                return
+            self.out.append(t)
+            self.stats.tokens += 1
+            if self.stats.first_token_s is None:
+                self.stats.first_token_s = time.perf_counter() - self.t0
+            if self.on_tokens:
+                self._sync_bytes()
+                if self.on_tokens([t], self.stats):  # the caller wants no more (a stop string)
+                    self.finished = True
+            if len(self.out) >= self.cfg.max_tokens:
+                self.finished = True
+
+    # -- randomness -----------------------------------------------------------------
+
+    def rng_at(self, purpose: int) -> Callable[[int], np.random.Generator]:
+        """position -> the generator of that position (a function of seed, position, purpose)."""
+        seed = self.cfg.seed
+        return lambda position: np.random.default_rng([seed, position, purpose])
+
+    def draft_rng(self, position: int) -> PositionalRng:
+        """Uniforms for drafts at position, position+1, ...: keyed by position, not chunk."""
+        return PositionalRng(self.cfg.seed, position, purpose=0)
+
+    # -- drafting -------------------------------------------------------------------
+
+    async def propose(self, context: list[int], n: int, seq: int):
+        """Draft n tokens after context in drafter sequence seq, in a worker thread: the
+        event loop meanwhile reads the downlink, writes the uplink and serves HTTP (a slow
+        edge drafts for tens of ms per call). Timed into draft_s."""
+        t0 = time.perf_counter()
+        draft = await asyncio.to_thread(self.drafter.propose, context, n,
+                                        self.cfg.serve.sampling, self.draft_rng(len(context)),
+                                        seq=seq)
+        self._count_drafts(t0, len(draft))
+        return draft
+
+    async def propose_many(self, contexts: list[list[int]], seqs: list[int]) -> list:
+        """One draft token after each context, each in its own sequence: one batched decode
+        in a worker thread (as `propose`) where the drafter batches, else one call each."""
+        if not hasattr(self.drafter, "propose_many"):
+            return [await self.propose(c, 1, s) for c, s in zip(contexts, seqs)]
+        t0 = time.perf_counter()
+        drafts = await asyncio.to_thread(self.drafter.propose_many, contexts,
+                                         self.cfg.serve.sampling,
+                                         [self.draft_rng(len(c)) for c in contexts], seqs)
+        self._count_drafts(t0, len(contexts))
+        return drafts
+
+    def _count_drafts(self, t0: float, n: int) -> None:
+        if n:
+            self.draft_s += 0.2 * ((time.perf_counter() - t0) / n - self.draft_s)
+        self.stats.drafted += n
+
+    def learn_acceptance(self, accepted: bool) -> None:
+        """One verdict on a draft: the running acceptance the shape model uses."""
+        self.alpha += 0.05 * (accepted - self.alpha)
