@@ -104,7 +104,7 @@ def run_tests() -> int:
 
     env = dict(os.environ, ACESPEC_TRITON_GPU="1")
     env.pop("TRITON_INTERPRET", None)
-    tests = [t for t in ("tests/test_kernels.py", "tests/test_kernels_verifier.py")
+    tests = [t for t in ("tests/kernels/test_kernels.py", "tests/kernels/test_kernels_verifier.py")
              if os.path.isfile(t)]
     if not tests:
         print("kernel tests not found (run from the repository root); skipping them")

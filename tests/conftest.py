@@ -1,4 +1,12 @@
-"""Shared fixtures: tiny random Hugging Face checkpoints of each supported family."""
+"""Shared fixtures: tiny random Hugging Face checkpoints of each supported family.
+
+The suite mirrors the packages: tests/shared, tests/edge, tests/cloud, tests/kernels,
+tests/sim, tests/models hold each package's tests (real gRPC on loopback, real llama.cpp
+and torch, in process or as a command where the case needs it); tests/e2e holds what is
+about running the commands as a user does (servers started from the command line, docker
+compose, nginx, the README's commands). Here at the root: the layout's import rules, the
+harnesses (cli_harness, verifier_harness) and the process-leak guard (process_guard).
+"""
 
 from __future__ import annotations
 

@@ -20,7 +20,6 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
 from cli_harness import Proc, acespec, verifier, wait_http  # noqa: E402
-
 from conftest import free_port  # noqa: E402
 
 CHAT = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"

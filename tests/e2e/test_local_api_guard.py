@@ -13,7 +13,6 @@ pytest.importorskip("torch")
 httpx = pytest.importorskip("httpx")
 
 from cli_harness import Proc, verifier, wait_http  # noqa: E402
-
 from conftest import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -15,10 +15,9 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("llama_cpp")
 pytest.importorskip("torch")
 
-from cli_harness import Proc, acespec, wait_http  # noqa: E402
-
 from acespec import pairs  # noqa: E402
 
+from cli_harness import Proc, acespec, wait_http  # noqa: E402
 from conftest import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow

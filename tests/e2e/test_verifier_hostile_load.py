@@ -19,11 +19,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from cli_harness import verifier  # noqa: E402
-
 from acespec.models import DEMO_TARGET  # noqa: E402
 from acespec.proto import acespec_pb2 as pb  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
+
+from cli_harness import verifier  # noqa: E402
 
 pytestmark = pytest.mark.slow
 FLOOD_S = 20.0

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.cli_harness import acespec
+from cli_harness import acespec
 
 pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")

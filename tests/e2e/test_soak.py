@@ -24,7 +24,6 @@ pytest.importorskip("llama_cpp")
 httpx = pytest.importorskip("httpx")
 
 from cli_harness import ACESPEC, Proc, acespec, wait_http  # noqa: E402
-
 from conftest import free_port  # noqa: E402
 
 SOAK_S = 60.0  # load phase; the verifier restarts a third of the way in

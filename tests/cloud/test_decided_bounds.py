@@ -7,7 +7,8 @@ import pytest
 
 from acespec.cloud.decided import HORIZON, ROOT, DecideLimits
 from acespec.cloud.errors import ResourceExhausted
-from tests.test_decided import run_pass, session, target, truth
+
+from test_decided import run_pass, session, target, truth
 
 
 def test_drafts_over_the_pending_cap_are_resource_exhausted():

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_decided import V, target, truth  # the same toy target
 
 from acespec.cloud.decided import PENDING, ROOT, DecidedSession, DecideLimits
 from acespec.cloud.errors import InvalidArgument
 from acespec.shared.served import ServeParams
+
+from test_decided import V, target, truth  # the same toy target
 
 
 def onehot(tok: int) -> np.ndarray:
