@@ -7,5 +7,5 @@ and keeps the committed text, while a remote verifier scores or decides.
     api/          the local OpenAI-compatible HTTP API
     client.py     the wire protocol's client (CloudSession over gRPC, Generate)
     text.py       tokenization and chat templates (TextCodec, chat_segments)
-    cli.py        `acespec edge generate | serve`
+    cli.py        `acespec edge generate | serve`; status.py its live status line
 """

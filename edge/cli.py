@@ -1,4 +1,5 @@
-"""`acespec edge ...`: generate against a remote verifier (more commands join later)."""
+"""`acespec edge generate` (one prompt against a remote verifier, to stdout) and `acespec edge
+serve` (the local OpenAI-compatible API); flags, checks and the one-line errors of both."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from pathlib import Path
 
 from acespec import pairs
 from acespec.argtypes import draft_ms, number
 from acespec.edge.session.config import GROW_SEQS
+from acespec.edge.status import LiveStatus
 
 EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REFUSED = 2, 3, 4
 MAX_DEPTH, MAX_WINDOW = 64, 1024
@@ -257,7 +258,7 @@ def run_generate(args) -> int:
     cfg = EngineConfig(**{**cfg.__dict__, "stop_ids": codec.stop_ids})
     engine = EdgeEngine(lambda: channel(args.cloud, root_cert), codec.vocab_hash,
                         None if args.mode == "ar" else drafter, token)
-    status = _Status(not args.json)
+    status = LiveStatus(not args.json)
     stream = StreamDecoder(codec)
 
     def on_tokens(ids, stats):
@@ -301,33 +302,6 @@ def _summary(f: dict) -> str:
             f"forwards/token, wire {f['wire_bytes_up_per_token']} B/token up, "
             f"{f['wire_bytes_down_per_token']} B/token down"
             + (f", RTT {f['rtt_ms']} ms]" if f.get("rtt_ms") is not None else "]"))
-
-
-class _Status:
-    """A one-line live status on stderr (only on a terminal)."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled and sys.stderr.isatty()
-        self.t0, self.shown = time.perf_counter(), False
-
-    def show(self, stats) -> None:
-        if not self.enabled:
-            return
-        n = max(stats.tokens, 1)
-        rate = stats.tokens / max(time.perf_counter() - self.t0, 1e-9)
-        al = stats.tokens / stats.rounds if stats.rounds else 0.0
-        rtt = f"{1000 * sorted(stats.round_trips)[len(stats.round_trips) // 2]:.0f} ms" \
-            if stats.round_trips else "-"
-        sys.stderr.write(f"\r\033[2K  … {stats.tokens} tok | {rate:.1f} tok/s | AL {al:.2f} | "
-                         f"up {stats.wire_bytes_up / n:.1f} B/tok down "
-                         f"{stats.wire_bytes_down / n:.1f} B/tok | RTT {rtt}")
-        sys.stderr.flush()
-        self.shown = True
-
-    def clear(self) -> None:
-        if self.shown:
-            sys.stderr.write("\r\033[2K")
-            self.shown = False
 
 
 def build_service(args):
