@@ -39,9 +39,9 @@ class LlamaBatch:
                  n_batch: int = 512, threads: int = 1):
         import llama_cpp as ll
 
-        from acespec.edge.drafting.llama import _silence
+        from acespec.edge.drafting.llama import silence
 
-        _silence(ll)
+        silence(ll)
         ll.llama_backend_init()
         self._ll, self.n_seq, self.n_batch, self.n_ctx_seq = ll, n_seq, n_batch, n_ctx_seq
         self._model = ll.llama_model_load_from_file(str(path).encode(),
@@ -64,12 +64,9 @@ class LlamaBatch:
 
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         """llama.cpp's token ids for `text` (no BOS; special tokens parsed when `special`)."""
-        raw = text.encode("utf-8")
-        buf = (self._ll.llama_token * (len(raw) + 8))()
-        n = self._ll.llama_tokenize(self._vocab, raw, len(raw), buf, len(buf), False, special)
-        if n < 0:
-            raise RuntimeError(f"tokenization of {len(raw)} bytes failed ({n})")
-        return list(buf[:n])
+        from acespec.edge.drafting.llama import tokenize
+
+        return tokenize(self._ll, self._vocab, text, special)
 
     def _decode(self, rows: list[tuple[int, int, int, bool]]) -> None:
         """rows: (token, position, seq, wants logits), at most n_batch of them."""

@@ -62,7 +62,18 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return z / z.sum()
 
 
-def _silence(llama_cpp) -> None:
+def tokenize(ll, vocab, text: str, special: bool) -> list[int]:
+    """Token ids of `text` with a llama.cpp vocabulary (no BOS; control tokens parsed only
+    when `special`). DrafterError if llama.cpp fails."""
+    raw = text.encode("utf-8")
+    buf = (ll.llama_token * (len(raw) + 8))()
+    n = ll.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, special)
+    if n < 0:
+        raise DrafterError(f"tokenization of {len(raw)} bytes failed ({n})")
+    return list(buf[:n])
+
+
+def silence(llama_cpp) -> None:
     global _LOG_CALLBACK
     if _LOG_CALLBACK is None:
         _LOG_CALLBACK = llama_cpp.llama_log_callback(lambda level, text, data: None)
@@ -81,7 +92,7 @@ class LlamaDrafter:
         if not self.path.is_file():
             raise FileNotFoundError(f"drafter GGUF not found: {self.path}")
         if config.quiet:
-            _silence(llama_cpp)
+            silence(llama_cpp)
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
@@ -149,12 +160,7 @@ class LlamaDrafter:
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of `text` with the GGUF's own tokenizer (no BOS, specials not parsed)."""
-        raw = text.encode("utf-8")
-        buf = (self._ll.llama_token * (len(raw) + 8))()
-        n = self._ll.llama_tokenize(self._vocab, raw, len(raw), buf, len(buf), False, False)
-        if n < 0:
-            raise DrafterError(f"tokenization of {len(raw)} bytes failed ({n})")
-        return list(buf[:n])
+        return tokenize(self._ll, self._vocab, text, special=False)
 
     def piece(self, token: int) -> bytes:
         """The bytes token `token` stands for (specials render as nothing)."""

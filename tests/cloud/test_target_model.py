@@ -53,15 +53,21 @@ def _tree():
     return tokens, parents
 
 
-def test_tree_paths_match_plain_sequences(hf_pair):
-    family, hf, path = hf_pair
+def _scored_tree(path):
+    """The model at `path` after the 5-token prefix and then the tree of _tree() in one
+    pass: (model, cache, prefix, tokens, relative parents, the tree's logits)."""
     ours = load_model(path)
     prefix = SEQ[:5]
     tokens, rel = _tree()
     cache = ours.new_cache()
     ours(prefix, cache)
-    parents = [4 if p < 0 else 5 + p for p in rel]
-    tree_logits = ours(tokens, cache, parents)
+    tree_logits = ours(tokens, cache, [4 if p < 0 else 5 + p for p in rel])
+    return ours, cache, prefix, tokens, rel, tree_logits
+
+
+def test_tree_paths_match_plain_sequences(hf_pair):
+    family, hf, path = hf_pair
+    _, _, prefix, tokens, rel, tree_logits = _scored_tree(path)
     worst = 0.0
     for i in range(len(tokens)):
         path_tokens, j = [], i
@@ -76,12 +82,7 @@ def test_tree_paths_match_plain_sequences(hf_pair):
 
 def test_commit_reroots_and_keeps_scoring(hf_pair):
     family, hf, path = hf_pair
-    ours = load_model(path)
-    prefix = SEQ[:5]
-    tokens, rel = _tree()
-    cache = ours.new_cache()
-    ours(prefix, cache)
-    ours(tokens, cache, [4 if p < 0 else 5 + p for p in rel])
+    ours, cache, prefix, _, _, _ = _scored_tree(path)
     # Commit node 8 (tokens 10 -> 12 -> 22) and keep its subtree: nothing below, so a path.
     kept = cache.path_to(5 + 8)
     cache.retain(kept)
