@@ -1,9 +1,20 @@
-"""argparse types shared by the commands: numbers in a range, with a one-line message."""
+"""argparse pieces shared by the commands: numbers in a range, and a parser whose errors are
+one line (exit 2) naming the flag, not the whole usage block."""
 
 from __future__ import annotations
 
 import argparse
 import math
+
+EXIT_USAGE = 2
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """A bad flag is reported in one line naming it (not the whole usage block). Subparsers
+    made from one inherit the class."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def number(kind, lo=None, hi=None, lo_open=False):

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from acespec import __version__
+from acespec.argtypes import OneLineErrors
 
 
 def _add_models(sub) -> None:
@@ -147,7 +148,7 @@ def _add_sim(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         prog="acespec", description="AceSpec: edge-cloud speculative decoding over slow links.")
     parser.add_argument("--version", action="version", version=f"acespec {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0,

@@ -36,6 +36,11 @@ def add_parser(sub) -> None:
     s.add_argument("--max-sessions", type=int, default=256)
     s.add_argument("--max-live-nodes", type=int, default=256, help="uncommitted nodes per session")
     s.add_argument("--max-prompt-tokens", type=int, default=4096)
+    s.add_argument("--propose", type=number(int, 0, 64), default=4, metavar="N",
+                   help="greedy/coupled sessions: in a pass no edge draft covers, score up to "
+                   "N tokens the verifier proposes itself from the session's text (prompt "
+                   "lookup); output is unchanged, only passes are saved; 0 turns it off "
+                   "(default: %(default)s)")
     s.add_argument("--idle-timeout", type=float, default=300.0, help="seconds (default: %(default)s)")
     s.add_argument("--write-timeout", type=number(float, 0, lo_open=True), default=30.0,
                    help="end a session whose client has read nothing for this many seconds "
@@ -104,7 +109,7 @@ def run_serve(args) -> int:
             device=args.device, threads=args.threads, idle_timeout_s=args.idle_timeout,
             write_timeout_s=args.write_timeout,
             limits=Limits(max_sessions=args.max_sessions, max_live_nodes=args.max_live_nodes,
-                          max_prompt_tokens=args.max_prompt_tokens),
+                          max_prompt_tokens=args.max_prompt_tokens, propose=args.propose),
             auth_tokens=_tokens(args.auth_token_file), tls_cert=args.tls_cert,
             tls_key=args.tls_key, metrics_port=args.metrics_port,
             emulation=StepEmulation.parse(args.emulate_step_ms), grace_s=args.grace,

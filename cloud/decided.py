@@ -29,6 +29,7 @@ import numpy as np
 
 from acespec.cloud.errors import InvalidArgument, ResourceExhausted
 from acespec.shared.coupled import coupled_target
+from acespec.shared.lookup import lookup
 from acespec.shared.served import ServeParams, sample_served, served
 
 
@@ -52,6 +53,9 @@ class DecideLimits:
     pass_nodes: int = 64  # most drafts scored in one pass
     max_pending: int = 2048  # most pending Drafts nodes (2x the edge's largest window)
     vocab: int = 1 << 32  # token ids must be below this
+    propose: int = 0  # a pass no draft covers scores up to this many of the verifier's own
+    # proposals (prompt lookup over the session's text; 0: none)
+    propose_min_n: int = 2  # shortest n-gram a proposal must follow
 
 
 @dataclass
@@ -67,6 +71,10 @@ class DecidedCounts:
     continuation: int = 0  # tokens decided with no draft at their position
     hits: int = 0  # walks into a later-sent sibling (a guessed recovery branch), not the first
     hits_restarted: int = 0  # ... that held no draft below the guess: decoding went on alone
+    lone_passes: int = 0  # passes no edge draft covered (the decided end had none)
+    lone_tokens: int = 0  # tokens those passes decided
+    proposed: int = 0  # the verifier's own proposals scored (in lone passes)
+    proposed_accepted: int = 0  # ... that the walk took
 
     def dead_skipped(self) -> int:
         """Drafts never scored nor settled by comparison: behind a rejection, contradicted
@@ -89,6 +97,7 @@ class Claim:
     position: int  # where its token sits in the text
     state: int = PENDING
     scored: bool = False  # fed to a pass
+    proposed: bool = False  # the verifier's own (ids below ROOT), dropped after its pass
 
 
 class DecidedSession:
@@ -108,6 +117,7 @@ class DecidedSession:
         self._in_pass: list[int] = []  # node ids fed to the pass in flight
         self._base = 0  # the KV slot of the pass's first input
         self.walked: list[int] = []  # pass indices of the nodes the last walk accepted
+        self._lone = False  # the pass in flight had no edge draft at the decided end
 
     @property
     def end(self) -> int:
@@ -219,7 +229,26 @@ class DecidedSession:
             if node.parent in fed or self.nodes.get(node.parent, _TOP).state == MATCHED:
                 fed[nid] = len(fed)
         self._in_pass = list(fed)
+        self._lone = not fed  # a pending node with a decided parent sits at the decided end
+        if self._lone:
+            self._in_pass += self._propose(min(reach - self.end + 1,
+                                               self.limits.pass_nodes - len(fed)))
         return [self.tokens[-1]] + [self.nodes[i].token for i in self._in_pass]
+
+    def _propose(self, room: int) -> list[int]:
+        """The verifier's own chain for a pass no draft covers: what followed the latest
+        earlier occurrence of the text's last n-gram (acespec.shared.lookup). Its verdicts
+        are decided like any draft's, so output is unchanged; it only saves passes."""
+        k = min(self.limits.propose, room)
+        if k <= 0:
+            return []
+        ids, parent = [], ROOT
+        for i, t in enumerate(lookup(self.tokens, k, self.limits.propose_min_n)):
+            nid = ROOT - 1 - i
+            self.nodes[nid] = Claim(int(t), parent, self.end + i, proposed=True)
+            ids.append(nid)
+            parent = nid
+        return ids
 
     def pass_parents(self, base: int) -> list[int]:
         """KV parent slots [1 + n] of the planned pass, its first input at slot `base`."""
@@ -240,11 +269,14 @@ class DecidedSession:
         fed, start = self._in_pass, self.end
         index = {nid: i for i, nid in enumerate(fed)}
         kids: dict[int, dict[int, int]] = {}  # parent id (ROOT: the decided end) -> token -> nid
+        drafted: set[int] = set()  # parents with an edge draft below them
         for nid in fed:
             node = self.nodes[nid]
             node.scored = True
-            kids.setdefault(node.parent if node.parent in index else ROOT, {}
-                            ).setdefault(node.token, nid)
+            parent = node.parent if node.parent in index else ROOT
+            kids.setdefault(parent, {}).setdefault(node.token, nid)
+            if not node.proposed:
+                drafted.add(parent)
         new, at, self.walked = [], ROOT, []  # walked: pass indices of the accepted nodes
         hit = None  # the guessed node the walk entered last
         while True:
@@ -253,7 +285,7 @@ class DecidedSession:
             new.append(y)
             nxt = kids.get(at, {}).get(y)
             if nxt is None or y in self.limits.stop:
-                self.counts.continuation += at not in kids
+                self.counts.continuation += at not in drafted
                 # a guessed branch that held only its guess: decoding goes on alone
                 self.counts.hits_restarted += at == hit and at not in kids
                 break
@@ -261,15 +293,27 @@ class DecidedSession:
                 self.counts.hits += 1
                 hit = nxt
             self.walked.append(index[nxt])
+            self.counts.proposed_accepted += self.nodes[nxt].proposed
             at = nxt
-        self.counts.passes += 1
-        self.counts.busy_s += seconds
-        self.counts.drafts_scored += len(fed)
+        self._count_pass(fed, new, seconds)
         new = self._commit(new)
         for nid in fed:  # a fed node the walk did not take is dead (its slot is gone)
-            self._kill(nid)
+            if self.nodes[nid].proposed:
+                self.nodes.pop(nid)
+            else:
+                self._kill(nid)
         self._settle_live()
         return start, new
+
+    def _count_pass(self, fed: list[int], new: list[int], seconds: float) -> None:
+        c, proposed = self.counts, sum(self.nodes[i].proposed for i in fed)
+        c.passes += 1
+        c.busy_s += seconds
+        c.drafts_scored += len(fed) - proposed
+        c.proposed += proposed
+        if self._lone:
+            c.lone_passes += 1
+            c.lone_tokens += len(new)
 
     def kept_slots(self) -> list[int]:
         """KV slots to keep after a pass: every decided token but the last (the pass's

@@ -41,6 +41,8 @@ class Limits:
     max_generate_tokens: int = 4096
     max_batch_nodes: int = 1024
     max_tail_per_node: int = 4096  # tail samples (Scores + MoreTail) per node
+    propose: int = 4  # decided sessions: the verifier's own proposals in a pass no draft
+    # covers (prompt lookup over the session's text; 0: none)
 
 
 @dataclass
@@ -125,7 +127,7 @@ class Engine:
         context = self.model.args.max_position_embeddings
         limits = DecideLimits(max_tokens=max_tokens or context, stop=frozenset(stop),
                               context=context, pass_nodes=self.limits.max_live_nodes,
-                              vocab=vocab)
+                              vocab=vocab, propose=self.limits.propose)
         session = DecidedSession(prompt, params, seed, limits)
         session.cache = self.model.new_cache(len(prompt) + 64)
         session_id = uuid.uuid4().hex

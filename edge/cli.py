@@ -3,31 +3,21 @@ serve` (the local OpenAI-compatible API); flags, checks and the one-line errors 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
 from pathlib import Path
 
 from acespec import pairs
-from acespec.argtypes import draft_ms, number
+from acespec.argtypes import EXIT_USAGE, OneLineErrors, draft_ms, number
 from acespec.edge.session.config import GROW_SEQS
 from acespec.edge.status import LiveStatus
 
-EXIT_USAGE, EXIT_UNREACHABLE, EXIT_REFUSED = 2, 3, 4
+EXIT_UNREACHABLE, EXIT_REFUSED = 3, 4
 MAX_DEPTH, MAX_WINDOW = 64, 1024
 MAX_CONCURRENT = 32  # sequences: 1 + GROW_SEQS per generation, + 1, within llama.cpp's 256
 U64 = 2**64 - 1  # the wire's seed is a uint64
 U32 = 2**32 - 1  # ... and top_k a uint32
-
-
-class _OneLineErrors(argparse.ArgumentParser):
-    """A bad flag is reported in one line naming it (not the whole usage block)."""
-
-    def error(self, message: str):
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
-
-
 
 
 def add_parser(sub) -> None:
@@ -35,7 +25,7 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("edge", help="the edge: drafter + engine talking to a cloud verifier")
     esub = p.add_subparsers(dest="edge_cmd", required=True, metavar="COMMAND",
-                            parser_class=_OneLineErrors)
+                            parser_class=OneLineErrors)
     g = esub.add_parser(
         "generate", help="stream a continuation of PROMPT, drafting locally, verified remotely",
         description="Speculative decoding against a cloud verifier: the llama.cpp drafter "

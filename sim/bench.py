@@ -41,6 +41,18 @@ class BenchConfig:
     inline_verifier: bool = False
     per_category: int = 10  # prompts per category
     seed: int = 0
+    propose: int = 4  # the verifier's --propose (its own proposals in passes no draft covers)
+
+    def __post_init__(self):
+        from acespec.edge.cli import MAX_DEPTH, MAX_WINDOW
+
+        if not 1 <= self.depth <= MAX_DEPTH:
+            raise ValueError(f"--depth {self.depth} must be in [1, {MAX_DEPTH}]")
+        if not self.depth <= self.window <= MAX_WINDOW:
+            raise ValueError(f"--window {self.window} must be in [--depth {self.depth}, "
+                             f"{MAX_WINDOW}]")
+        if self.max_tokens < 1:
+            raise ValueError(f"--max-tokens {self.max_tokens} must be >= 1")
 
 
 def parse_links(text: str) -> tuple[tuple[str, LinkSpec], ...]:
@@ -95,10 +107,12 @@ async def run_bench(cfg: BenchConfig, model_dir: str, drafter_path: str,
 async def _verifier_in_process(cfg: BenchConfig, model_dir: str):
     """One verifier in this process for every link; the proxy does all the shaping."""
     from acespec.cloud.batcher import StepEmulation
+    from acespec.cloud.engine import Limits
     from acespec.cloud.server import ServerConfig, create_server, load_engine
 
     scfg = ServerConfig(model=model_dir, host="127.0.0.1", port=0,
-                        emulation=StepEmulation.parse(cfg.emulate))
+                        emulation=StepEmulation.parse(cfg.emulate),
+                        limits=Limits(propose=cfg.propose))
     engine = load_engine(scfg)
     server, port = await create_server(engine, scfg)
 
@@ -130,7 +144,7 @@ async def _verifier_process(cfg: BenchConfig, model_dir: str):
         port = sock.getsockname()[1]
     argv = [sys.executable, "-m", "acespec", "cloud", "serve", "--host", "127.0.0.1",
             "--port", str(port), "--emulate-step-ms", cfg.emulate, "--grace", "1",
-            "--threads", str(max(1, (os.cpu_count() or 2) // 2))]
+            "--propose", str(cfg.propose), "--threads", str(max(1, (os.cpu_count() or 2) // 2))]
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(argv + (["--model", model_dir] if model_dir else []),
                             stdout=log, stderr=subprocess.STDOUT)
@@ -183,7 +197,8 @@ async def _verifier_in_netns(cfg: BenchConfig, model_dir: str):
     async def start(spec):
         with NetnsLink(spec.up_bps, spec.down_bps) as ns:
             argv = [sys.executable, "-m", "acespec", "cloud", "serve", "--host", ns.cloud_ip,
-                    "--port", str(port), "--emulate-step-ms", cfg.emulate, "--grace", "1"]
+                    "--port", str(port), "--emulate-step-ms", cfg.emulate, "--grace", "1",
+                    "--propose", str(cfg.propose)]
             log = tempfile.TemporaryFile()
             proc = subprocess.Popen(ns.argv_in_ns(argv + (["--model", model_dir] if model_dir
                                                           else [])),
@@ -222,7 +237,8 @@ async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, 
             for p in prompts:
                 ecfg = EngineConfig(mode=mode.split("-")[0], grow_tree=mode != "acespec-chain",
                                     depth=cfg.depth, window=cfg.window,
-                                    adaptive=cfg.adaptive,
+                                    adaptive=cfg.adaptive, max_depth=max(8, cfg.depth),
+                                    max_window=max(32, cfg.window),
                                     serve=ServeParams(SamplingParams(
                                         cfg.temperature, coupled=cfg.sampling == "coupled")),
                                     seed=cfg.seed, max_tokens=cfg.max_tokens)

@@ -88,6 +88,9 @@ def add_bench_parser(sub) -> None:
                    metavar="T[,PER_TOKEN]",
                    help="TESTBED profile of the edge: pad each drafter decode to T ms "
                    "(+ PER_TOKEN ms per extra token in a batch) (default: off)")
+    b.add_argument("--propose", type=number(int, 0, 64), default=4, metavar="N",
+                   help="the verifier's --propose: its own prompt-lookup proposals in a pass "
+                   "no draft covers (0: off) (default: %(default)s)")
     b.add_argument("--model", default="", help="target HF folder (default: the demo target)")
     b.add_argument("--drafter", default=str(DEMO_DRAFTER))
     pairs.add_argument(b, target="model", drafter="drafter")
@@ -127,7 +130,7 @@ def run_bench_cli(args) -> int:
                           adaptive=args.adaptive, netns=args.netns,
                           temperature=args.temperature, sampling=args.sampling,
                           emulate=args.emulate_step_ms, per_category=args.per_category,
-                          emulate_draft=args.emulate_draft_ms)
+                          emulate_draft=args.emulate_draft_ms, propose=args.propose)
         bad = [m for m in cfg.modes if m not in BENCH_MODES]
         if bad:
             raise ValueError(f"unknown modes {bad}; available: {', '.join(BENCH_MODES)}")
@@ -139,6 +142,7 @@ def run_bench_cli(args) -> int:
     summary, cats = summarize(records, cfg), by_category(records)
     draft = ",".join(f"{x:g}" for x in cfg.emulate_draft) if any(cfg.emulate_draft) else "off"
     print(f"profile: --emulate-step-ms {cfg.emulate}, --emulate-draft-ms {draft}, "
+          f"--propose {cfg.propose}, "
           f"depth {cfg.depth}, window {cfg.window}"
           f"{' (adaptive)' if cfg.adaptive else ''}, "
           f"{len(prompts)} prompts, {cfg.max_tokens} tokens each, temperature {cfg.temperature}"

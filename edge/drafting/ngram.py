@@ -9,6 +9,7 @@ import numpy as np
 
 from acespec.edge.drafting.base import Draft
 from acespec.shared.config import SamplingParams
+from acespec.shared.lookup import lookup
 
 
 class NgramDrafter:
@@ -33,11 +34,4 @@ class NgramDrafter:
         return Draft(tokens=np.asarray(tokens[:n], dtype=np.int32), q=q)
 
     def _lookup(self, ctx: list[int], n: int) -> list[int]:
-        arr = np.asarray(ctx)
-        for size in range(min(self.max_n, len(ctx) - 1), self.min_n - 1, -1):
-            tail = arr[-size:]
-            # Latest earlier start i with arr[i:i+size] == tail and something after it.
-            for i in range(len(ctx) - size - 1, -1, -1):
-                if np.array_equal(arr[i:i + size], tail):
-                    return ctx[i + size:i + size + n]
-        return [ctx[-1]]
+        return lookup(ctx, n, self.min_n, self.max_n, window=len(ctx)) or [ctx[-1]]

@@ -1,0 +1,27 @@
+"""Prompt lookup: continue a text with what followed the latest earlier occurrence of its
+final n-gram (as vLLM's n-gram proposer and "prompt lookup decoding" do). The edge's n-gram
+drafter and the verifier's own proposals for passes no draft covers both use it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def lookup(tokens: Sequence[int] | np.ndarray, k: int, min_n: int = 1, max_n: int = 4,
+           window: int = 4096) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the text's last n
+    tokens, for the largest n in [min_n, max_n] that occurs (only the last `window` tokens
+    are searched); [] when none does. tokens: [L] int."""
+    arr = np.asarray(tokens, dtype=np.int64)[-window:]
+    n_max = min(max_n, len(arr) - 1)
+    for n in range(n_max, min_n - 1, -1):
+        tail = arr[-n:]
+        # windows [L - n + 1, n]; the last one is the tail itself, so exclude it
+        wins = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
+        hits = np.flatnonzero((wins == tail).all(axis=1))
+        if len(hits):
+            start = int(hits[-1]) + n  # the latest occurrence: what followed it
+            return arr[start:start + k].tolist()
+    return []

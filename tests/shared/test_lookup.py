@@ -1,0 +1,29 @@
+"""shared.lookup against a plain reference (scan every earlier start, longest n first)."""
+
+import numpy as np
+
+from acespec.shared.lookup import lookup
+
+
+def _reference(ctx: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    for n in range(min(max_n, len(ctx) - 1), min_n - 1, -1):
+        for i in range(len(ctx) - n - 1, -1, -1):
+            if ctx[i:i + n] == ctx[-n:]:
+                return ctx[i + n:i + n + k]
+    return []
+
+
+def test_matches_the_reference_on_random_texts():
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        ctx = rng.integers(0, int(rng.integers(2, 6)), int(rng.integers(1, 40))).tolist()
+        k, min_n = int(rng.integers(1, 6)), int(rng.integers(1, 3))
+        max_n = int(rng.integers(min_n, 5))
+        assert lookup(ctx, k, min_n, max_n) == _reference(ctx, k, min_n, max_n), ctx
+
+
+def test_the_latest_longest_match_wins_and_the_window_bounds_the_search():
+    text = [1, 2, 3, 9, 1, 2, 3, 7, 8, 2, 3]
+    assert lookup(text, 3, 1, 4) == [7, 8, 2]  # "2 3" last seen before "7 8"
+    assert lookup(text, 3, 3, 4) == []  # no earlier "8 2 3"
+    assert lookup([5, 6, 0, 0, 0, 0, 5, 6], 2, 2, 2, window=4) == []  # the first "5 6" is out
