@@ -295,8 +295,8 @@ class DecidedSession:
             self.walked.append(index[nxt])
             self.counts.proposed_accepted += self.nodes[nxt].proposed
             at = nxt
-        self._count_pass(fed, new, seconds)
         new = self._commit(new)
+        self._count_pass(fed, new, seconds)
         for nid in fed:  # a fed node the walk did not take is dead (its slot is gone)
             if self.nodes[nid].proposed:
                 self.nodes.pop(nid)

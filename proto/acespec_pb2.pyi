@@ -187,7 +187,7 @@ class Decided(_message.Message):
     def __init__(self, position: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., passes: _Optional[int] = ..., done: _Optional[bool] = ..., counts: _Optional[_Union[DecidedCounts, _Mapping]] = ...) -> None: ...
 
 class DecidedCounts(_message.Message):
-    __slots__ = ("wall_us", "busy_us", "drafts_received", "drafts_scored", "drafts_reconciled", "dead_skipped", "continuation", "hits", "hits_restarted")
+    __slots__ = ("wall_us", "busy_us", "drafts_received", "drafts_scored", "drafts_reconciled", "dead_skipped", "continuation", "hits", "hits_restarted", "lone_passes", "lone_tokens", "proposed", "proposed_accepted")
     WALL_US_FIELD_NUMBER: _ClassVar[int]
     BUSY_US_FIELD_NUMBER: _ClassVar[int]
     DRAFTS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +197,10 @@ class DecidedCounts(_message.Message):
     CONTINUATION_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
     HITS_RESTARTED_FIELD_NUMBER: _ClassVar[int]
+    LONE_PASSES_FIELD_NUMBER: _ClassVar[int]
+    LONE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     wall_us: int
     busy_us: int
     drafts_received: int
@@ -206,7 +210,11 @@ class DecidedCounts(_message.Message):
     continuation: int
     hits: int
     hits_restarted: int
-    def __init__(self, wall_us: _Optional[int] = ..., busy_us: _Optional[int] = ..., drafts_received: _Optional[int] = ..., drafts_scored: _Optional[int] = ..., drafts_reconciled: _Optional[int] = ..., dead_skipped: _Optional[int] = ..., continuation: _Optional[int] = ..., hits: _Optional[int] = ..., hits_restarted: _Optional[int] = ...) -> None: ...
+    lone_passes: int
+    lone_tokens: int
+    proposed: int
+    proposed_accepted: int
+    def __init__(self, wall_us: _Optional[int] = ..., busy_us: _Optional[int] = ..., drafts_received: _Optional[int] = ..., drafts_scored: _Optional[int] = ..., drafts_reconciled: _Optional[int] = ..., dead_skipped: _Optional[int] = ..., continuation: _Optional[int] = ..., hits: _Optional[int] = ..., hits_restarted: _Optional[int] = ..., lone_passes: _Optional[int] = ..., lone_tokens: _Optional[int] = ..., proposed: _Optional[int] = ..., proposed_accepted: _Optional[int] = ...) -> None: ...
 
 class TailSamples(_message.Message):
     __slots__ = ("node_id", "tail_token", "tail_token_p")

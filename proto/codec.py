@@ -201,7 +201,9 @@ def encode_counts(c, now: float) -> pb.DecidedCounts:
                             drafts_received=c.drafts_received, drafts_scored=c.drafts_scored,
                             drafts_reconciled=c.drafts_reconciled,
                             dead_skipped=c.dead_skipped(), continuation=c.continuation,
-                            hits=c.hits, hits_restarted=c.hits_restarted)
+                            hits=c.hits, hits_restarted=c.hits_restarted,
+                            lone_passes=c.lone_passes, lone_tokens=c.lone_tokens,
+                            proposed=c.proposed, proposed_accepted=c.proposed_accepted)
 
 
 def decode_counts(msg: pb.DecidedCounts) -> dict:
@@ -210,7 +212,9 @@ def decode_counts(msg: pb.DecidedCounts) -> dict:
             "drafts_received": msg.drafts_received, "drafts_scored": msg.drafts_scored,
             "drafts_reconciled": msg.drafts_reconciled, "dead_skipped": msg.dead_skipped,
             "continuation": msg.continuation, "hits": msg.hits,
-            "hits_restarted": msg.hits_restarted}
+            "hits_restarted": msg.hits_restarted, "lone_passes": msg.lone_passes,
+            "lone_tokens": msg.lone_tokens, "proposed": msg.proposed,
+            "proposed_accepted": msg.proposed_accepted}
 
 
 def check_more_tail(msg: pb.MoreTail) -> tuple[int, int]:

@@ -341,7 +341,28 @@ def _idle(rs: list[dict]) -> dict:
             "verifier_hits": sum(r.get("verifier_hits") or 0 for r in rs),
             "hits_restarted": sum(r.get("hits_restarted") or 0 for r in rs),
             "tree_width": max((r.get("tree_width") or 0 for r in rs), default=0),
-            "tree_depth": max((r.get("tree_depth") or 0 for r in rs), default=0)}
+            "tree_depth": max((r.get("tree_depth") or 0 for r in rs), default=0),
+            **_passes(rs)}
+
+
+def _passes(rs: list[dict]) -> dict:
+    """Decided sessions' passes over runs: lone passes (no edge draft) and the tokens each
+    decided, the verifier's proposals accepted of proposed, passes with drafts and their
+    tokens per pass, dead nodes per token. Empty where no run reports them."""
+    rs = [r for r in rs if r.get("lone_passes") is not None]
+    if not rs:
+        return {}
+    tot = {k: sum(r[k] for r in rs) for k in ("lone_passes", "lone_tokens", "verifier_proposed",
+                                              "proposed_accepted", "draft_passes",
+                                              "draft_pass_tokens", "tokens",
+                                              "dead_nodes_skipped")}
+    return {"lone_passes": tot["lone_passes"],
+            "tokens_per_lone_pass": round(tot["lone_tokens"] / max(1, tot["lone_passes"]), 2),
+            "proposed_accepted": f"{tot['proposed_accepted']}/{tot['verifier_proposed']}",
+            "draft_passes": tot["draft_passes"],
+            "tokens_per_draft_pass": round(tot["draft_pass_tokens"] / max(1, tot["draft_passes"]),
+                                           2),
+            "dead_nodes_per_token": round(tot["dead_nodes_skipped"] / max(1, tot["tokens"]), 2)}
 
 
 def by_category(records: list[dict]) -> list[dict]:

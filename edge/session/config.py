@@ -103,11 +103,27 @@ class Stats:
                     "continuation_tokens": v["continuation"],
                     "reconciled_drafts": v["drafts_reconciled"],
                     "verifier_hits": v.get("hits", 0),
-                    "hits_restarted": v.get("hits_restarted", 0)}
+                    "hits_restarted": v.get("hits_restarted", 0),
+                    **self.pass_figures()}
         busy = min(1.0, self.server_s / self.seconds) if self.seconds and self.server_s else None
         return {"verifier_busy": round(busy, 3) if busy is not None else None,
                 "dead_nodes_skipped": 0, "continuation_tokens": 0, "reconciled_drafts": 0,
-                "verifier_hits": 0, "hits_restarted": self.cache.hits_restarted}
+                "verifier_hits": 0, "hits_restarted": self.cache.hits_restarted,
+                **self.pass_figures()}
+
+    def pass_figures(self) -> dict:
+        """Decided sessions: passes no edge draft covered ("lone") and what they decided,
+        the verifier's own proposals and how many it accepted, the passes with drafts and
+        what they decided. None where the verifier did not say (tree sessions, old ones)."""
+        v = self.verifier
+        if v is None or "lone_passes" not in v:
+            return dict.fromkeys(("lone_passes", "lone_tokens", "verifier_proposed",
+                                  "proposed_accepted", "draft_passes", "draft_pass_tokens"))
+        passes = self.target_forwards
+        return {"lone_passes": v["lone_passes"], "lone_tokens": v["lone_tokens"],
+                "verifier_proposed": v["proposed"], "proposed_accepted": v["proposed_accepted"],
+                "draft_passes": max(0, passes - v["lone_passes"]),
+                "draft_pass_tokens": max(0, self.tokens - v["lone_tokens"])}
 
     def as_dict(self) -> dict:
         t = max(self.tokens, 1)

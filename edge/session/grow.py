@@ -61,7 +61,7 @@ class GrowDriver(DecidedSession):
                     self._line_lead(sent=True) < self._chunk():
                 await self._send()
             return True
-        if any(not (n.guess and not n.children) for n in self.tree.unsent):
+        if self._sendable():
             await self._send()
             return True
         return False
@@ -83,10 +83,7 @@ class GrowDriver(DecidedSession):
         if left <= 0:
             return False
         node_s, pass_s = self._node_s(), self.pass_s
-        # A guess that hits saves the passes a miss costs (MISS_PASSES); re-checked every
-        # step, as the calibration and the root move.
-        guessed = tree.guess(walked, lambda p: p * MISS_PASSES * pass_s - node_s,
-                             room=branch_room)
+        guessed = self._guess(walked, branch_room)
         branch_room -= len(guessed)
         leaves = tree.leaves(walked, max_position=tree.end + min(left, self.window) - 1)
         line = [n for n, _, b in leaves if not b][:1 if line_room > 0 else 0]
@@ -103,10 +100,16 @@ class GrowDriver(DecidedSession):
             # verifier (deciding alone meanwhile) meets them sooner; the chunks then grow.
             n = min(self._chunk(), max(RAMP, self._line_lead()), line_room, left)
             return await self._grow_line(line[0], n) or bool(guessed)
-        p_of, busy = {n: p for n, p, _ in walked}, set(line + branches)
-        grow = [n for n in line + branches if self._seq_for(n, p_of, busy) is not None]
+        return await self._grow_batch(line + branches, walked) or bool(guessed)
+
+    async def _grow_batch(self, leaves: list[GNode], walked: list) -> bool:
+        """Grow each leaf by one drafted token in one batched decode (each in its own
+        drafter sequence; leaves with none to get are left). False if none grew."""
+        run, tree = self.run, self.tree
+        p_of, busy = {n: p for n, p, _ in walked}, set(leaves)
+        grow = [n for n in leaves if self._seq_for(n, p_of, busy) is not None]
         if not grow:
-            return bool(guessed)
+            return False
         contexts = [run.context + tree.path(n) for n in grow]
         drafts = await run.propose_many(contexts, [n.seq for n in grow])
         for n, d in zip(grow, drafts):
@@ -141,7 +144,21 @@ class GrowDriver(DecidedSession):
         for tok, r in zip(draft.tokens.tolist(), ranks):
             node = tree.expand(node, int(tok), r, run.rec)
         node.seq, tip.seq = tip.seq, None  # the line goes on in the same sequence
+        # The guesses beside these drafts, each with its first draft (one batched decode),
+        # go up in the same message as the drafts: there before the verifier decides their
+        # position, a hit is walked in the pass itself and carries on.
+        walked = tree.walk()
+        guessed = self._guess(walked, int(self.window * BRANCH_SHARE)
+                              - sum(b for _, _, b in walked))
+        if guessed:
+            await self._grow_batch(guessed, tree.walk())
         return True
+
+    def _guess(self, walked: list, room: int) -> list[GNode]:
+        """Guessed children where they are worth their cost: a hit saves the passes a miss
+        costs (MISS_PASSES). Re-checked every step, as the calibration and the root move."""
+        node_s, pass_s = self._node_s(), self.pass_s
+        return self.tree.guess(walked, lambda p: p * MISS_PASSES * pass_s - node_s, room=room)
 
     def _seq_for(self, node: GNode, p_of: dict | None = None, busy: set | None = None
                  ) -> int | None:
@@ -244,9 +261,7 @@ class GrowDriver(DecidedSession):
         """Upload the unsent nodes (parents first) as one Grow, anchored at the committed
         end: a child of the root hangs off the decided text there."""
         tree, first = self.tree, self.sess.next_id
-        # A guess goes up with its first draft, never alone: walked into with nothing
-        # below it, it would only restart decoding (and cost bytes).
-        held = {id(n) for n in tree.unsent if n.guess and not n.children}
+        held = self._held()
         nodes = [n for n in tree.unsent if id(n) not in held]
         tree.unsent = [n for n in tree.unsent if id(n) in held]
         if not nodes:
@@ -259,6 +274,15 @@ class GrowDriver(DecidedSession):
         self.run.stats.note_tree(*tree.shape())
 
         self.run.stats.cache.branch_nodes += sum(n.guess for n in nodes)
+
+    def _held(self) -> set[int]:
+        """ids of unsent guesses that wait: a guess goes up with its first draft, never
+        alone: walked into with nothing below it, it would only restart decoding (and cost
+        bytes)."""
+        return {id(n) for n in self.tree.unsent if n.guess and not n.children}
+
+    def _sendable(self) -> bool:
+        return len(self.tree.unsent) > len(self._held())
 
     # -- downlink -------------------------------------------------------------------
 

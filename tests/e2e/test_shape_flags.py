@@ -2,6 +2,7 @@
 command that takes them (bench, edge generate, edge serve); nothing starts."""
 
 import pytest
+
 from cli_harness import acespec
 
 
