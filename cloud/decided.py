@@ -118,6 +118,7 @@ class DecidedSession:
         self._base = 0  # the KV slot of the pass's first input
         self.walked: list[int] = []  # pass indices of the nodes the last walk accepted
         self._lone = False  # the pass in flight had no edge draft at the decided end
+        self.acked, self.acked_at = 0, 0.0  # uplink messages applied; the last one's arrival
 
     @property
     def end(self) -> int:

@@ -47,6 +47,14 @@ class ClientGone(Exception):
     """The client cancelled or dropped the call: end quietly, no status, no error metric."""
 
 
+def _ack(msg: pb.Decided, session) -> None:
+    """Stamp a Decided with the uplink messages applied so far and how long the last of
+    them has been here (the decided sessions' counterpart of Scores.server_time)."""
+    if session.acked:
+        msg.acked = session.acked
+        msg.held_us = min(2**32 - 1, round((time.perf_counter() - session.acked_at) * 1e6))
+
+
 def _coalescible(msg) -> bool:
     """An Extend that may join the previous one's forward pass (a commit must wait: it may
     name a node that pass has not scored yet)."""
@@ -224,6 +232,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 start, new = await self.engine.decided_pass(session)
                 msg = (self._last_decided(session, start, new) if session.done else
                        pb.Decided(position=start, tokens=new, passes=session.counts.passes))
+                _ack(msg, session)
                 await self._write(context, pb.Downlink(decided=msg))
             await self._until_half_close(inbox)
         finally:
@@ -257,11 +266,12 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         budget = session.limits.max_pending
         while not inbox.empty() and budget > 0:
             item = inbox.get_nowait()
-            msg = item[0] if isinstance(item, tuple) else item
+            msg, arrived = item if isinstance(item, tuple) else (item, None)
             if isinstance(msg, Exception):
                 raise msg
             if msg is grpc.aio.EOF:
                 return True
+            session.acked, session.acked_at = session.acked + 1, arrived
             kind = msg.WhichOneof("msg")
             if kind == "grow":
                 g = decode_grow(msg.grow, session.next_id)

@@ -95,6 +95,8 @@ class Decided:
     passes: int  # the session's forward passes so far
     done: bool  # the verifier stopped deciding (max_tokens, a stop token, the context)
     counts: dict | None  # with done: the verifier's account (acespec.proto.codec.decode_counts)
+    acked: int = 0  # uplink messages the verifier had applied before this pass
+    held_s: float = 0.0  # seconds since the last of them arrived there (queue + pass)
 
 
 class VerifierTooOld(VerifierUnfit):
@@ -211,7 +213,8 @@ class CloudSession:
         if kind == "decided":
             d = msg.decided
             return Decided(d.position, list(d.tokens), d.passes, d.done,
-                           decode_counts(d.counts) if d.HasField("counts") else None)
+                           decode_counts(d.counts) if d.HasField("counts") else None,
+                           d.acked, d.held_us * 1e-6)
         if kind == "tail":
             return Tail(msg.tail.node_id, list(msg.tail.tail_token), list(msg.tail.tail_token_p))
         self.server_s = msg.scores.server_time * 1e-4

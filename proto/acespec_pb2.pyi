@@ -173,18 +173,22 @@ class Opened(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., model_id: _Optional[str] = ..., vocab_hash: _Optional[str] = ..., max_live_nodes: _Optional[int] = ..., k_max: _Optional[int] = ..., root: _Optional[_Union[Scores, _Mapping]] = ..., coupled: _Optional[bool] = ..., decides: _Optional[bool] = ..., grows: _Optional[bool] = ...) -> None: ...
 
 class Decided(_message.Message):
-    __slots__ = ("position", "tokens", "passes", "done", "counts")
+    __slots__ = ("position", "tokens", "passes", "done", "counts", "acked", "held_us")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     PASSES_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     COUNTS_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    HELD_US_FIELD_NUMBER: _ClassVar[int]
     position: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
     passes: int
     done: bool
     counts: DecidedCounts
-    def __init__(self, position: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., passes: _Optional[int] = ..., done: _Optional[bool] = ..., counts: _Optional[_Union[DecidedCounts, _Mapping]] = ...) -> None: ...
+    acked: int
+    held_us: int
+    def __init__(self, position: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., passes: _Optional[int] = ..., done: _Optional[bool] = ..., counts: _Optional[_Union[DecidedCounts, _Mapping]] = ..., acked: _Optional[int] = ..., held_us: _Optional[int] = ...) -> None: ...
 
 class DecidedCounts(_message.Message):
     __slots__ = ("wall_us", "busy_us", "drafts_received", "drafts_scored", "drafts_reconciled", "dead_skipped", "continuation", "hits", "hits_restarted", "lone_passes", "lone_tokens", "proposed", "proposed_accepted")

@@ -12,6 +12,7 @@ deterministic, so a re-opened session decides the same).
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 
@@ -30,6 +31,8 @@ class DecidedSession:
         self.counted = False  # the verifier's final account has arrived
         self.write_failed = False
         self.passes_before = run.stats.target_forwards  # earlier attempts' passes
+        self.sent: list[tuple[float, int]] = []  # (time, bytes) of each uplink message
+        self.acked = 0  # of those, how many the verifier said it applied
         # The verifier consumes drafts as fast as its passes run, and a chain that is short
         # of a round trip's worth leaves it decoding alone: the adaptive shape drafts up to
         # the widest window (dead drafts cost only uplink bytes, never a pass).
@@ -68,10 +71,12 @@ class DecidedSession:
         """Await an uplink write. A verifier older than the linger of the session's end
         may have ended the stream after its last Decided while we were drafting: the write
         then fails, but the tokens are in the inbox; only without them is it a loss."""
+        t0, before = time.perf_counter(), self.sess.bytes_up
         try:
             await write
         except (grpc.aio.AioRpcError, ConnectionError):
             self.write_failed = True
+        self.sent.append((t0, self.sess.bytes_up - before))
 
     async def _finish_after_failed_write(self) -> None:
         """Read what the verifier sent before the stream ended; lost if it is not the end."""
@@ -97,14 +102,31 @@ class DecidedSession:
                 self.run.stats.add_verifier(msg.counts)
                 self.counted = True
 
+    def _observe_link(self, msg: Decided, size: int, arrived: float) -> None:
+        """A Decided that acknowledges a new uplink message is that message's round trip:
+        sent -> applied and answered, of which held_s was the verifier's (as an Extend's
+        Scores in exact sessions). It feeds the link estimate the tree's budgets follow."""
+        if not self.acked < msg.acked <= len(self.sent):
+            return
+        self.acked = msg.acked
+        sent_at, up = self.sent[msg.acked - 1]
+        self.run.link.observe(up, size, arrived - sent_at, msg.held_s, arrived)
+        if self.run.link.ready:
+            self.run.note_link(**self.link_figures())
+
+    def link_figures(self) -> dict:
+        """What a driver derives from the link estimate, for the stats (none here)."""
+        return {}
+
     def _take(self, item) -> None:
         """Apply one downlink message (or raise the reader's error)."""
-        msg, _, _ = unpack(item)
+        msg, size, _, arrived = unpack(item)
         if not isinstance(msg, Decided):
             raise ValueError(f"unexpected downlink message in a decided session: {msg!r}")
         if msg.position != self.run.committed_end:
             raise ValueError(f"Decided at position {msg.position}, expected "
                              f"{self.run.committed_end}")
+        self._observe_link(msg, size, arrived)
         stats = self.run.stats
         self.take_tokens(msg.tokens)
         stats.target_forwards = stats.rounds = self.passes_before + msg.passes

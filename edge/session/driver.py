@@ -16,6 +16,7 @@ new driver resumes from the committed text.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Protocol
 
 import grpc
@@ -33,24 +34,24 @@ class Driver(Protocol):
 
 
 async def read_downlink(sess: CloudSession, inbox: asyncio.Queue) -> None:
-    """Hand every downlink message to the driver as (message, bytes, server seconds); the
-    reader's error, last, as the exception itself."""
+    """Hand every downlink message to the driver as (message, bytes, server seconds, arrival
+    time); the reader's error, last, as the exception itself."""
     try:
         while True:
             before = sess.bytes_down
             msg = await sess.recv()
-            await inbox.put((msg, sess.bytes_down - before, sess.server_s))
+            await inbox.put((msg, sess.bytes_down - before, sess.server_s, time.perf_counter()))
     except Exception as e:  # noqa: BLE001 - handed to the driver, which reconnects
         await inbox.put(e)
 
 
-def unpack(item) -> tuple[object, int, float]:
-    """(message, bytes, server seconds) of one inbox item, or raise what the reader met: a
-    refusal from the verifier as it is (the caller decides, no blind retry), anything else
-    as Lost."""
-    msg, size, server_s = item if isinstance(item, tuple) else (item, 0, 0.0)
+def unpack(item) -> tuple[object, int, float, float]:
+    """(message, bytes, server seconds, arrival time) of one inbox item, or raise what the
+    reader met: a refusal from the verifier as it is (the caller decides, no blind retry),
+    anything else as Lost."""
+    msg, size, server_s, arrived = item if isinstance(item, tuple) else (item, 0, 0.0, 0.0)
     if isinstance(msg, grpc.aio.AioRpcError) and msg.code() != grpc.StatusCode.UNAVAILABLE:
         raise msg
     if isinstance(msg, Exception):
         raise Lost(str(msg)) from msg
-    return msg, size, server_s
+    return msg, size, server_s, arrived

@@ -118,7 +118,7 @@ class ExactDriver:
 
     def _take(self, item, fl: _Flight) -> None:
         """Apply one downlink message (or raise the reader's error)."""
-        msg, size, server_s = unpack(item)
+        msg, size, server_s, _ = unpack(item)
         run, tree = self.run, self.tree
         if isinstance(msg, Tail):
             tree.add_tails(msg.node_id, msg.ids, msg.units)
@@ -157,9 +157,7 @@ class ExactDriver:
             run.shape, self._since_change = new, 0
             run.stats.shape_changes += 1
         run.stats.depth, run.stats.window = run.shape.depth, run.shape.window
-        run.stats.link = {"bytes_per_s": round(link.bandwidth()),
-                          "base_rtt_ms": round(1000 * link.base_rtt(), 1),
-                          "step_ms": round(1000 * link.step(), 1)}
+        run.note_link()
 
     def _apply(self, res) -> None:
         """Take what the walk decided: commit it; after a rejection or a bonus, the decided

@@ -240,6 +240,9 @@ class GrowDriver(DecidedSession):
             return float("inf")
         return link.bandwidth() * (link.base_rtt() + link.step())
 
+    def link_figures(self) -> dict:
+        return {"uplink_budget_bytes": round(self._uplink_room())}
+
     def _node_s(self) -> float:
         """What one more node costs the cycle: its uplink bytes and its share of a pass."""
         link = self.run.link

@@ -131,6 +131,13 @@ class Runner:
             self.draft_s += 0.2 * ((time.perf_counter() - t0) / n - self.draft_s)
         self.stats.drafted += n
 
+    def note_link(self, **extra) -> None:
+        """The link estimate in force, into the stats (and any figures derived from it)."""
+        link = self.link
+        self.stats.link = {"bytes_per_s": round(link.bandwidth()),
+                           "base_rtt_ms": round(1000 * link.base_rtt(), 1),
+                           "step_ms": round(1000 * link.step(), 1), **extra}
+
     def learn_acceptance(self, accepted: bool) -> None:
         """One verdict on a draft: the running acceptance the shape model uses."""
         self.alpha += 0.05 * (accepted - self.alpha)

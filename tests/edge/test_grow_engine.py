@@ -201,3 +201,41 @@ def test_drafting_leaves_the_event_loop_free(tiny_pair, noisy_gguf, tree):
     assert out == truth
     assert stats.drafted > 0  # the drafter did run (each call >= 150 ms)
     assert worst < 0.05, worst
+
+
+def test_the_uplink_budget_follows_a_link_whose_rate_drops_mid_session(tiny_pair, noisy_gguf,
+                                                                       tmp_path):
+    """Decided sessions feed the link estimate from Decided.acked/held_us: through a Trace
+    link that drops from 400 to 40 kbit/s after 1.5 s, the estimate (and the tree's uplink
+    budget sized from it) falls with the rate; the text stays cloud-only decoding's."""
+    import time
+
+    tok_dir, model, _ = tiny_pair
+    tok = Tokenizer.load(tok_dir)
+    prompt = tok.encode("import os\n")
+    trace = tmp_path / "drop.csv"
+    trace.write_text("time_s,kbps\n0,400\n1.5,40\n")
+    spec = LinkSpec(400e3, 400e3, 0.05, trace=str(trace))
+    n = 160
+    truth, _ = _generate(model, tok, prompt, None, EngineConfig(mode="ar", max_tokens=n),
+                         spec=FAST, fast_verifier=True)
+    drafter = LlamaDrafter(noisy_gguf, LlamaDrafterConfig(n_ctx=1024, n_seq_max=8))
+    seen: list[tuple[float, dict]] = []  # (seconds since start, the link estimate)
+    t0 = time.perf_counter()
+
+    def on(ids, stats):
+        if stats.link:
+            seen.append((time.perf_counter() - t0, dict(stats.link)))
+
+    out, stats = _generate(model, tok, prompt, drafter,
+                           EngineConfig(mode="acespec", depth=4, window=16, max_tokens=n),
+                           spec=spec, on=on)
+    assert out == truth
+    before = [s for t, s in seen if 0.8 < t < 1.5]
+    after = [s for t, s in seen if t > seen[-1][0] - 0.5 and t > 3.0]
+    assert before and after, [round(t, 2) for t, _ in seen]
+    fast, slow = before[-1], after[-1]
+    print("estimate before/after:", fast, slow)
+    assert fast["bytes_per_s"] > 2.5 * slow["bytes_per_s"]
+    assert 0.4 * 5000 < slow["bytes_per_s"] < 2.5 * 5000  # 40 kbit/s = 5,000 B/s
+    assert fast["uplink_budget_bytes"] > 2 * slow["uplink_budget_bytes"]
