@@ -61,6 +61,8 @@ class Scenario:
     hit_continues: bool = False  # acespec: the ideal cache (a hit costs no restart)
     decided: bool = False  # acespec: the verifier decides (greedy and coupled sessions)
     tree: bool = False  # decided: the edge's chunks carry guessed branches (hit_rate)
+    propose: int = 0  # decided: a pass no draft covers scores this many verifier proposals
+    propose_accept: float = 0.0  # ... each accepted (in order) with this probability
     seed: int = 0
 
 
@@ -75,6 +77,8 @@ class SimResult:
     reconciled: int = 0  # decided: drafts compared with tokens decided before they arrived
     dead_skipped: int = 0  # decided: drafts dropped unscored (behind a rejection)
     hits: int = 0  # decided with tree: rejections that went on into a guessed branch
+    lone_passes: int = 0  # decided: passes no draft covered
+    lone_tokens: int = 0  # ... and the tokens they decided (more than one with proposals)
 
     @property
     def tokens_per_s(self) -> float:
@@ -236,8 +240,11 @@ class _DecidingVerifier:
     """The target of a decided session (acespec.cloud.decided): passes back to back from
     `free` on, each fed the last decided token plus the live drafts that have arrived."""
 
-    def __init__(self, sc: Scenario, c: Costs, down, start: float):
+    def __init__(self, sc: Scenario, c: Costs, down, start: float,
+                 rng: np.random.Generator | None = None):
         self.sc, self.c, self.down, self.free = sc, c, down, start
+        self.rng = rng or np.random.default_rng([sc.seed, 1])  # the proposals' verdicts
+        self.lone_passes = self.lone_tokens = 0
         self.decided = 0  # D: the next position to decide
         self.epoch, self.flags, self.dead, self.agree = -1, {}, False, 0  # the edge's chain
         self.inbox: list[_Drafts] = []  # uplink in send (= arrival) order
@@ -308,12 +315,19 @@ class _DecidingVerifier:
         while k < len(feed) and (self.flags[feed[k]] or self._hit(feed[k])):
             k += 1
             feed = feed[:k] + self._live_from(feed[k - 1] + 1)  # a hit's branch is fed too
-        seconds = self.c.target_s(1 + fed)
+        lone = not feed  # no draft: the verifier's own proposals, if any, are scored
+        proposed = self.sc.propose if lone else 0
+        if proposed:
+            k = _accepted(self.rng, min(proposed, self.sc.tokens - 1 - self.decided),
+                          self.sc.propose_accept)
+        seconds = self.c.target_s(1 + fed + proposed)
         self.free, self.busy, self.passes = self.free + seconds, self.busy + seconds, self.passes + 1
         start = self.decided
         self.decided += k + 1
+        self.lone_passes += lone
+        self.lone_tokens += (k + 1) * lone
         self.scored += fed
-        self.continuation += k == len(feed)  # the bonus or plain decoding: no draft there
+        self.continuation += lone or k == len(feed)  # the bonus or plain decoding
         if feed:
             self.agree, self.dead = start + k, k < len(feed)
         size = int(self.c.down_base + self.c.down_per_node * (k + 1))
@@ -412,4 +426,4 @@ def _decided(sc: Scenario, c: Costs) -> SimResult:
     return SimResult(e.done_at, sc.tokens, v.passes + 1, v.passes, busy / e.done_at,
                      continuation=v.continuation, reconciled=v.reconciled,
                      dead_skipped=v.received - v.scored - v.reconciled - len(v._live()),
-                     hits=v.hits)
+                     hits=v.hits, lone_passes=v.lone_passes, lone_tokens=v.lone_tokens)
