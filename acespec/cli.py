@@ -88,7 +88,7 @@ def _run_build_demo(args) -> int:
 def _run_build_smollm2(args) -> int:
     import logging
 
-    from acespec.models.smollm2_exit import main
+    from acespec.models.smollm2.build import main
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     argv = [args.stage, "--out", args.out, "--work", args.work, "--preset", args.preset,

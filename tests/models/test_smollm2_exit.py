@@ -23,7 +23,7 @@ TEXTS = ["<|im_start|>user\nWrite a function that checks for primes.<|im_end|>\n
 def built(chat_cache, tmp_path_factory):
     from acespec.models import sharegpt
     from acespec.models.smollm2 import GGUF_NAME
-    from acespec.models.smollm2_exit import build
+    from acespec.models.smollm2.build import build
 
     mp = pytest.MonkeyPatch()
     mp.setenv("ACESPEC_CACHE_DIR", str(chat_cache))
@@ -55,7 +55,7 @@ def test_training_stages_read_only_the_training_split(built):
 
 
 def test_gguf_loads_and_tokenizes_like_the_target(built):
-    from acespec.models.smollm2_corpus import LlamaBatch
+    from acespec.models.smollm2.corpus import LlamaBatch
 
     gguf, out, card, _ = built
     t = LlamaBatch(gguf, n_seq=1, n_ctx_seq=256)
@@ -87,7 +87,7 @@ def test_cut_target_keeps_the_targets_first_layers(chat_cache):
     import torch
 
     from acespec.cloud.loader import load_model
-    from acespec.models.smollm2_teacher import cut_target
+    from acespec.models.smollm2.teacher import cut_target
 
     full = load_model(chat_cache / "smollm2" / "target")
     cut = cut_target(chat_cache / "smollm2" / "target", 2)
@@ -100,7 +100,7 @@ def test_cut_target_keeps_the_targets_first_layers(chat_cache):
 
 
 def test_resume_skips_finished_stages(built, chat_cache):
-    from acespec.models.smollm2_exit import build
+    from acespec.models.smollm2.build import build
 
     gguf, out, card, _ = built
     again = build(chat_cache / "smollm2" / "target", gguf, out / "out", out / "work", "tiny")

@@ -21,7 +21,7 @@ TEXTS = ["<|im_start|>user\nWrite a function that checks for primes.<|im_end|>\n
 
 def test_shipped_drafter_is_the_targets_tokenizer_and_matches_its_card(smollm2_cache):
     from acespec.models.smollm2 import GGUF_NAME
-    from acespec.models.smollm2_corpus import LlamaBatch
+    from acespec.models.smollm2.corpus import LlamaBatch
 
     path = pairs.distilled_drafter()
     assert path.is_file() and path.stat().st_size <= 60 * 2**20

@@ -81,7 +81,7 @@ def build_answers(target_gguf: Path, work: Path, preset: ExitPreset, seed: int,
                   minutes: float | None = None) -> Path:
     """work/answers: the target's answers to training-split prompts (resumable by chunk)."""
     from acespec.models import sharegpt
-    from acespec.models.smollm2_corpus import LlamaBatch, generate_corpus
+    from acespec.models.smollm2.corpus import LlamaBatch, generate_corpus
 
     if (work / "answers" / DONE).is_file():
         return work / "answers"
@@ -104,7 +104,7 @@ def build_answers(target_gguf: Path, work: Path, preset: ExitPreset, seed: int,
 def build_eval(target_gguf: Path, work: Path, preset: ExitPreset, seed: int) -> Path:
     """work/eval: greedy target answers to evaluation-split prompts, per category."""
     from acespec.models import sharegpt
-    from acespec.models.smollm2_corpus import LlamaBatch, generate_corpus
+    from acespec.models.smollm2.corpus import LlamaBatch, generate_corpus
 
     done = work / "eval" / "categories.json"
     if done.is_file():
@@ -126,8 +126,8 @@ def build_scored(target_dir: Path, target_gguf: Path, work: Path, preset: ExitPr
                  minutes: float | None = None) -> Path:
     """work/scored: training-split conversations teacher-forced through the torch target."""
     from acespec.models import sharegpt
-    from acespec.models.smollm2_corpus import LlamaBatch
-    from acespec.models.smollm2_teacher import score_corpus
+    from acespec.models.smollm2.corpus import LlamaBatch
+    from acespec.models.smollm2.teacher import score_corpus
 
     if (work / "scored" / DONE).is_file():
         return work / "scored"
@@ -149,9 +149,9 @@ def train_drafter(target_dir: Path, work: Path, preset: ExitPreset, seed: int):
     """The drafter (acespec.cloud.model.Transformer), trained or resumed from work/."""
     import torch
 
-    from acespec.models.smollm2_corpus import load_chunks
-    from acespec.models.smollm2_teacher import cut_target
-    from acespec.models.smollm2_train import Batches, TeacherData
+    from acespec.models.smollm2.corpus import load_chunks
+    from acespec.models.smollm2.distill import Batches, TeacherData
+    from acespec.models.smollm2.teacher import cut_target
     from acespec.models.train import train
 
     parts = [load_chunks(work / d) for d in ("answers", "scored") if any((work / d).glob("chunk-*"))]
@@ -197,7 +197,7 @@ def greedy_acceptance(drafter, chats: dict[str, np.ndarray], depth: int) -> floa
 def measure(gguf_path: Path, work: Path, depths: tuple[int, ...]) -> dict:
     """{category or "all": {depth: tokens per target step}} on the eval answers."""
     from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
-    from acespec.models.smollm2_corpus import load_chunks
+    from acespec.models.smollm2.corpus import load_chunks
 
     chats = load_chunks(work / "eval")
     cats = [c["category"] for c in json.loads((work / "eval" / "categories.json").read_text())]
@@ -221,7 +221,7 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
           preset_name: str = "smollm2", seed: int = 0) -> dict:
     """Every stage; returns the card's figures (also out/build.json and out/README.md)."""
     from acespec.models.gguf_export import export_gguf
-    from acespec.models.smollm2_corpus import load_chunks
+    from acespec.models.smollm2.corpus import load_chunks
 
     preset = PRESETS[preset_name]
     out, work = Path(out), Path(work)
@@ -252,7 +252,7 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
         "files": {ft: {"name": p.name, "bytes": p.stat().st_size} for ft, p in files.items()},
     }
     (out / "build.json").write_text(json.dumps(card, indent=2) + "\n")
-    from acespec.models.smollm2_exit_card import write_card
+    from acespec.models.smollm2.card import write_card
 
     write_card(out, card)
     return card

@@ -4,7 +4,7 @@
 tied head: a valid Llama of n layers that llama.cpp runs as it runs the target.
 `score_corpus` teacher-forces conversations through the whole target (one causal prefill per
 batch of conversations) and keeps its top-k next-token distribution at every position, in
-the chunk format of `acespec.models.smollm2_corpus` (so training reads both alike).
+the chunk format of `acespec.models.smollm2.corpus` (so training reads both alike).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _match_logit_scale(full: Transformer, cut: Transformer, n: int = 256, seed: 
 
 def render_messages(template: str, messages: list[dict]) -> str:
     """A whole conversation under the chat template (no generation prompt)."""
-    from acespec.models.smollm2_corpus import _compiled
+    from acespec.models.smollm2.corpus import _compiled
 
     return _compiled(template).render(messages=messages, add_generation_prompt=False,
                                       bos_token="", eos_token="")
