@@ -232,7 +232,7 @@ class DecidedSession:
         self._in_pass = list(fed)
         self._lone = not fed  # a pending node with a decided parent sits at the decided end
         if self._lone:
-            self._in_pass += self._propose(min(reach - self.end + 1,
+            self._in_pass += self._propose(min(reach - self.end,
                                                self.limits.pass_nodes - len(fed)))
         return [self.tokens[-1]] + [self.nodes[i].token for i in self._in_pass]
 
