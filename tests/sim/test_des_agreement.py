@@ -5,7 +5,7 @@ same link and modes through the real proxy and in the model.
 Stated tolerance: the model's tokens/s within 35 % of the real run for ar, sd, pipeline and
 acespec (greedy, so the verifier decides and the edge grows its speculation tree: the
 model's decided engine with `tree`, at the hit rate the real run measured, and with the
-verifier's own proposals at the share of them the real run accepted) (mean over 20
+verifier's own proposals deciding what the real run's lone passes decided) (mean over 20
 model seeds; 5 prompts, 48 tokens each, real). The model knows the pair only through one
 per-position acceptance figure (and that hit rate), and the shared 2-core machine adds
 noise."""
@@ -29,13 +29,14 @@ LINK = "100kbit:40ms"
 TOLERANCE = 0.35
 
 
-def _per_position(taken: float, k: int) -> float:
-    """The per-position acceptance a of the verifier's proposals whose chains of k take
-    `taken` of their tokens on average: (a + a^2 + ... + a^k) / k = taken (bisection)."""
+def _per_position(per_lone: float, k: int) -> float:
+    """The per-position acceptance a at which a lone pass with k proposals decides, on
+    average, what the real run's lone passes did: 1 + a + ... + a^k = per_lone (bisection;
+    it folds in the passes where prompt lookup found nothing to propose)."""
     lo, hi = 0.0, 1.0
     for _ in range(40):
         a = (lo + hi) / 2
-        lo, hi = (a, hi) if sum(a ** i for i in range(1, k + 1)) / k < taken else (lo, a)
+        lo, hi = (a, hi) if sum(a ** i for i in range(k + 1)) < per_lone else (lo, a)
     return (lo + hi) / 2
 
 
@@ -54,13 +55,13 @@ def test_model_agrees_with_the_real_system(tiny_hf_dir, noisy_gguf):
         real = sum(r["tokens"] for r in runs) / sum(r["seconds"] for r in runs)
         hits = sum(r["cache_hits"] for r in runs) / max(1, sum(r["cache_rejections"] for r in runs))
         tree = mode == "acespec"
-        proposed = sum(r.get("verifier_proposed") or 0 for r in runs)
-        taken = sum(r.get("proposed_accepted") or 0 for r in runs) / max(1, proposed)
+        lone = sum(r.get("lone_passes") or 0 for r in runs)
+        per_lone = sum(r.get("lone_tokens") or 0 for r in runs) / max(1, lone)
         model = np.mean([simulate(Scenario(mode, spec, accept=cal["acceptance"], depth=4,
                                            window=8, tokens=48, seed=s, decided=tree,
                                            tree=tree, hit_rate=hits, branch_depth=4,
                                            propose=cfg.propose if tree else 0,
-                                           propose_accept=_per_position(taken, cfg.propose)),
+                                           propose_accept=_per_position(per_lone, cfg.propose)),
                                   costs).tokens_per_s for s in range(20)])
         report[mode] = (round(real, 1), round(float(model), 1))
     print("tokens/s (real, model):", report, "acceptance", cal["acceptance"], cal["costs"])
