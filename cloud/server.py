@@ -142,11 +142,13 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
     log.warning("verifier %s serving on %s:%d (%s%s)", engine.model_id, cfg.host, port,
                 "TLS" if cfg.tls_cert else "plaintext",
                 ", bearer auth" if cfg.auth_tokens else ", no auth")
-    print(f"acespec verifier listening on {cfg.host}:{port}", flush=True)
+    # Handlers first: whoever reads the line below may signal at once (and the metrics
+    # thread may hold the GIL between the print and the next statement).
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    print(f"acespec verifier listening on {cfg.host}:{port}", flush=True)
     if ready:
         ready.set()
     await stop.wait()

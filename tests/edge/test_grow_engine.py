@@ -206,17 +206,18 @@ def test_drafting_leaves_the_event_loop_free(tiny_pair, noisy_gguf, tree):
 def test_the_uplink_budget_follows_a_link_whose_rate_drops_mid_session(tiny_pair, noisy_gguf,
                                                                        tmp_path):
     """Decided sessions feed the link estimate from Decided.acked/held_us: through a Trace
-    link that drops from 400 to 40 kbit/s after 1.5 s, the estimate (and the tree's uplink
-    budget sized from it) falls with the rate; the text stays cloud-only decoding's."""
+    link that drops from 400 to 32 kbit/s after 1 s, the estimate (and the tree's uplink
+    budget sized from it) falls with the rate; the text stays cloud-only decoding's.
+    Medians over each phase, as one estimate can be off on a loaded machine."""
     import time
 
     tok_dir, model, _ = tiny_pair
     tok = Tokenizer.load(tok_dir)
     prompt = tok.encode("import os\n")
     trace = tmp_path / "drop.csv"
-    trace.write_text("time_s,kbps\n0,400\n1.5,40\n")
+    trace.write_text("time_s,kbps\n0,400\n1.0,32\n")
     spec = LinkSpec(400e3, 400e3, 0.05, trace=str(trace))
-    n = 160
+    n = 200
     truth, _ = _generate(model, tok, prompt, None, EngineConfig(mode="ar", max_tokens=n),
                          spec=FAST, fast_verifier=True)
     drafter = LlamaDrafter(noisy_gguf, LlamaDrafterConfig(n_ctx=1024, n_seq_max=8))
@@ -231,11 +232,16 @@ def test_the_uplink_budget_follows_a_link_whose_rate_drops_mid_session(tiny_pair
                            EngineConfig(mode="acespec", depth=4, window=16, max_tokens=n),
                            spec=spec, on=on)
     assert out == truth
-    before = [s for t, s in seen if 0.8 < t < 1.5]
-    after = [s for t, s in seen if t > seen[-1][0] - 0.5 and t > 3.0]
+    end = seen[-1][0]
+    before = [s for t, s in seen if t < 1.0]
+    after = [s for t, s in seen if t > max(2.5, 0.6 * end)]
     assert before and after, [round(t, 2) for t, _ in seen]
-    fast, slow = before[-1], after[-1]
-    print("estimate before/after:", fast, slow)
-    assert fast["bytes_per_s"] > 2.5 * slow["bytes_per_s"]
-    assert 0.4 * 5000 < slow["bytes_per_s"] < 2.5 * 5000  # 40 kbit/s = 5,000 B/s
-    assert fast["uplink_budget_bytes"] > 2 * slow["uplink_budget_bytes"]
+
+    def median(rows, key):
+        return float(np.median([r[key] for r in rows]))
+
+    print("estimate before/after (B/s):", median(before, "bytes_per_s"),
+          median(after, "bytes_per_s"), "budget:", median(before, "uplink_budget_bytes"),
+          median(after, "uplink_budget_bytes"))
+    assert 0.3 * 4000 < median(after, "bytes_per_s") < 3 * 4000  # 32 kbit/s = 4,000 B/s
+    assert median(before, "uplink_budget_bytes") > 2 * median(after, "uplink_budget_bytes")
