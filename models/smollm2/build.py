@@ -240,6 +240,7 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
     card = {
         "kind": "exit", "preset": preset_name, "seed": seed, "layers": preset.layers,
         "drafter": asdict(model.args), "train": asdict(replace(preset.train, seed=seed)),
+        "train_sittings": _sittings(work / "drafter.ckpt"),
         "params": sum(p.numel() for p in model.parameters()),
         "trained_params": sum(p.numel() for n, p in model.named_parameters()
                               if "embed_tokens" not in n),
