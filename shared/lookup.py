@@ -14,7 +14,7 @@ def lookup(tokens: Sequence[int] | np.ndarray, k: int, min_n: int = 1, max_n: in
     """Up to k tokens that followed the latest earlier occurrence of the text's last n
     tokens, for the largest n in [min_n, max_n] that occurs (only the last `window` tokens
     are searched); [] when none does. tokens: [L] int."""
-    arr = np.asarray(tokens, dtype=np.int64)[-window:]
+    arr = np.asarray(tokens[-window:], dtype=np.int64)  # slice first: a session's list is long
     n_max = min(max_n, len(arr) - 1)
     for n in range(n_max, min_n - 1, -1):
         tail = arr[-n:]

@@ -114,7 +114,8 @@ class Stats:
     def pass_figures(self) -> dict:
         """Decided sessions: passes no edge draft covered ("lone") and what they decided,
         the verifier's own proposals and how many it accepted, the passes with drafts and
-        what they decided. None where the verifier did not say (tree sessions, old ones)."""
+        what they decided. None in tree sessions (no verifier account); a verifier older
+        than these counts reports zeros."""
         v = self.verifier
         if v is None or "lone_passes" not in v:
             return dict.fromkeys(("lone_passes", "lone_tokens", "verifier_proposed",

@@ -29,7 +29,7 @@ from acespec.edge.client import CloudSession
 from acespec.edge.session.ar import ArDriver
 from acespec.edge.session.chain import ChainDriver
 from acespec.edge.session.config import GROW_SEQS, EngineConfig, Stats
-from acespec.edge.session.driver import Driver, Lost, read_downlink
+from acespec.edge.session.driver import Driver, read_downlink
 from acespec.edge.session.exact import ExactDriver
 from acespec.edge.session.grow import GrowDriver
 from acespec.edge.session.runner import OnTokens, Runner
@@ -67,7 +67,7 @@ class EdgeEngine:
         while not run.finished:
             try:
                 await self._attempt(run)
-            except (grpc.aio.AioRpcError, ConnectionError, Lost) as e:
+            except (grpc.aio.AioRpcError, ConnectionError) as e:  # Lost is a ConnectionError
                 await retry.wait(e, run)
         run.stats.seconds = time.perf_counter() - run.t0
         return run.out, run.stats

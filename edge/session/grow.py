@@ -76,9 +76,8 @@ class GrowDriver(DecidedSession):
         run, tree = self.run, self.tree
         self._free_dropped()
         walked = tree.walk()
-        in_branches = sum(b for _, _, b in walked)
-        line_room = self.window - (len(walked) - in_branches)
-        branch_room = int(self.window * BRANCH_SHARE) - in_branches
+        line_room = self.window - sum(not b for _, _, b in walked)
+        branch_room = self._branch_room(walked)
         left = run.cfg.max_tokens - len(run.out)
         if left <= 0:
             return False
@@ -148,11 +147,15 @@ class GrowDriver(DecidedSession):
         # go up in the same message as the drafts: there before the verifier decides their
         # position, a hit is walked in the pass itself and carries on.
         walked = tree.walk()
-        guessed = self._guess(walked, int(self.window * BRANCH_SHARE)
-                              - sum(b for _, _, b in walked))
+        guessed = self._guess(walked, self._branch_room(walked))
         if guessed:
             await self._grow_batch(guessed, tree.walk())
         return True
+
+    def _branch_room(self, walked: list) -> int:
+        """Nodes the guessed branches may still add: their share of the window, less what
+        they hold (walked: GrowTree.walk())."""
+        return int(self.window * BRANCH_SHARE) - sum(b for _, _, b in walked)
 
     def _guess(self, walked: list, room: int) -> list[GNode]:
         """Guessed children where they are worth their cost: a hit saves the passes a miss
