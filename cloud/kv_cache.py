@@ -38,6 +38,18 @@ class Plan:
     mask: torch.Tensor  # [n_new, start + n_new] bool, True = may attend
 
 
+@dataclass
+class SeqPass:
+    """One sequence's part of a forward pass in pool rows: all a rank needs to attend
+    (a tensor-parallel rank holds the pool's storage but none of the caches)."""
+
+    n: int  # new nodes
+    write_rows: torch.Tensor  # [n] int64 pool rows (of PagePool.flat) the new nodes fill
+    read_rows: torch.Tensor  # [end] int64 pool rows of slots [0, end), end = start + n
+    mask: torch.Tensor  # [n, end] bool, True = may attend
+    last_only: bool = False  # logits for the last node only
+
+
 class PagePool:
     """Fixed-size KV blocks shared by the sequences of one model: per layer
     k, v [n_blocks, block_size, n_kv_heads, head_dim]. Grows by doubling when full and
@@ -49,8 +61,12 @@ class PagePool:
     updates outside inference mode."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu", block_size: int = 16, n_blocks: int = 64):
+                 device: torch.device | str = "cpu", block_size: int = 16, n_blocks: int = 64,
+                 mirror=None):
         self.block_size, self.num_layers = block_size, num_layers
+        # mirror(op): told every change of the storage's shape or rows outside a pass,
+        # ("resize", n_blocks) or ("copy", dst, src), so tensor-parallel ranks can replay it.
+        self.mirror = mirror
         self.min_blocks = n_blocks  # the pool never shrinks below its initial size
         shape = (n_blocks, block_size, num_kv_heads, head_dim)
         with torch.inference_mode(False):
@@ -72,6 +88,16 @@ class PagePool:
         k = self.k[0]
         return PagePool(self.num_layers, k.shape[2], k.shape[3], k.dtype, k.device,
                         self.block_size, self.min_blocks)
+
+    def replay(self, op: tuple) -> None:
+        """Apply an op another rank's pool reported to its mirror."""
+        if op[0] == "resize":
+            self._resize(op[1])
+        elif op[0] == "copy":
+            dev = self.k[0].device
+            self.copy_rows(op[1].to(dev), op[2].to(dev))
+        else:
+            raise ValueError(f"unknown pool op {op[0]!r}")
 
     def alloc(self, n: int) -> list[int]:
         with self.lock, self._operation():
@@ -109,8 +135,22 @@ class PagePool:
         k, v = self.k[layer], self.v[layer]
         return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
 
+    def write(self, layer: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [n, n_kv, hd] at pool rows [n] int64."""
+        with self.lock:
+            fk, fv = self.flat(layer)
+            fk[rows], fv[rows] = k, v
+
+    def read(self, layer: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of k, v [n_kv, n, hd] at pool rows [n] int64 (the reference attention)."""
+        with self.lock:
+            fk, fv = self.flat(layer)
+            return fk[rows].transpose(0, 1), fv[rows].transpose(0, 1)
+
     def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Copy pool rows src [n] int64 to rows dst [n] int64 (of `flat`) in every layer."""
+        if self.mirror:
+            self.mirror(("copy", dst.cpu(), src.cpu()))
         with self.lock, torch.inference_mode():
             for layer in range(self.num_layers):
                 fk, fv = self.flat(layer)
@@ -141,6 +181,8 @@ class PagePool:
     def _resize(self, n_blocks: int) -> None:
         """Reallocate every layer's k, v with n_blocks blocks, keeping blocks [0, min)."""
         keep = min(n_blocks, self.n_blocks)
+        if self.mirror:
+            self.mirror(("resize", n_blocks))
         with torch.inference_mode(False):
             for lst in (self.k, self.v):
                 for i, t in enumerate(lst):
@@ -236,19 +278,18 @@ class KVCache:
             self._cutoff.append(self._cutoff[p])
             self._extra.append(self._extra[p] | {slot})
 
+    def seq_pass(self, plan: Plan, n: int, last_only: bool = False) -> SeqPass:
+        """The pool rows of a planned pass of n new nodes."""
+        end = plan.start + n
+        return SeqPass(n, self._rows[plan.start:end], self._rows[:end], plan.mask, last_only)
+
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [n_new, n_kv, hd] at slots [start, start+n_new)."""
-        rows = self._rows[start:start + k.shape[0]]
-        with self.pool.lock:
-            fk, fv = self.pool.flat(layer)
-            fk[rows], fv[rows] = k, v
+        self.pool.write(layer, self._rows[start:start + k.shape[0]], k, v)
 
     def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copies of k, v [n_kv, end, hd] of slots [0, end) (the reference attention path)."""
-        rows = self._rows[:end]
-        with self.pool.lock:
-            fk, fv = self.pool.flat(layer)
-            return fk[rows].transpose(0, 1), fv[rows].transpose(0, 1)
+        """Copies of k, v [n_kv, end, hd] of slots [0, end)."""
+        return self.pool.read(layer, self._rows[:end])
 
     def truncate(self, length: int) -> None:
         """Forget slots >= length (e.g. a forward pass that failed)."""

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from acespec.cloud.config import ModelArgs
-from acespec.cloud.kv_cache import KVCache, PagePool, Plan
+from acespec.cloud.kv_cache import KVCache, PagePool, SeqPass
 
 
 @dataclass
@@ -28,6 +28,23 @@ class Request:
     cache: KVCache
     parents: Sequence[int] | None = None  # [n_new] parent slots; None = chain off the last slot
     last_only: bool = False  # logits for the last node only (prefill)
+
+
+@dataclass
+class Pass:
+    """One batched forward pass, planned: what every tensor-parallel rank runs alike."""
+
+    ids: torch.Tensor  # [N] int64 token ids of all new nodes, in request order
+    positions: torch.Tensor  # [N] int64 RoPE positions
+    seqs: list[SeqPass]  # per request: its pool rows and mask
+
+    @property
+    def nodes(self) -> int:
+        return self.ids.shape[0]
+
+
+def _same(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 class RMSNorm(nn.Module):
@@ -100,32 +117,32 @@ class Attention(nn.Module):
         return self.o_proj(o.transpose(1, 2).flatten(2))
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                reqs: Sequence[Request], plans: Sequence[Plan], tree=None) -> torch.Tensor:
-        """x [N, d] for all new nodes of all requests, in request order. tree: the batch's
-        paged-attention arguments (acespec.cloud.attention) for the Triton path, else None."""
+                pool: PagePool, seqs: Sequence[SeqPass], tree=None) -> torch.Tensor:
+        """x [N, d] for all new nodes of all sequences, in order. tree: the batch's
+        paged-attention arguments (acespec.cloud.attention) for the Triton path, else None.
+        Under tensor parallelism the result is this rank's partial sum."""
         q, k, v = self._qkv(x, rope)
         offset = 0
-        for req, plan in zip(reqs, plans):
-            n = len(req.tokens)
-            req.cache.write(self.layer, plan.start, k[offset:offset + n], v[offset:offset + n])
-            offset += n
+        for s in seqs:
+            pool.write(self.layer, s.write_rows, k[offset:offset + s.n], v[offset:offset + s.n])
+            offset += s.n
         if tree is not None:
             o = tree.attend(self.layer, q)
         else:
-            o = self._reference(q, reqs, plans)
+            o = self._reference(q, pool, seqs)
         return self.o_proj(o.flatten(1))
 
-    def _reference(self, q: torch.Tensor, reqs, plans) -> torch.Tensor:
-        """Per sequence: SDPA over the cache's slots with the plan's dense mask."""
+    def _reference(self, q: torch.Tensor, pool: PagePool, seqs: Sequence[SeqPass]
+                   ) -> torch.Tensor:
+        """Per sequence: SDPA over its rows with its dense mask."""
         a, out, offset = self.args, [], 0
-        for req, plan in zip(reqs, plans):
-            n = len(req.tokens)
-            keys, values = req.cache.read(self.layer, plan.start + n)
+        for s in seqs:
+            keys, values = pool.read(self.layer, s.read_rows)
             o = F.scaled_dot_product_attention(
-                q[offset:offset + n].transpose(0, 1)[None], keys[None], values[None],
-                attn_mask=plan.mask[None, None], enable_gqa=a.num_heads != a.num_kv_heads)
+                q[offset:offset + s.n].transpose(0, 1)[None], keys[None], values[None],
+                attn_mask=s.mask[None, None], enable_gqa=a.num_heads != a.num_kv_heads)
             out.append(o[0].transpose(0, 1))  # [n, h, hd]
-            offset += n
+            offset += s.n
         return torch.cat(out)
 
 
@@ -148,10 +165,12 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(args)
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        # Sums the ranks' partial outputs under tensor parallelism (an all-reduce).
+        self.reduce = _same
 
-    def forward(self, x, rope, reqs, plans, tree=None):
-        x = x + self.self_attn(self.input_layernorm(x), rope, reqs, plans, tree)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, rope, pool, seqs, tree=None):
+        x = x + self.reduce(self.self_attn(self.input_layernorm(x), rope, pool, seqs, tree))
+        return x + self.reduce(self.mlp(self.post_attention_layernorm(x)))
 
 
 class Backbone(nn.Module):
@@ -174,24 +193,33 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.kernels = "torch"  # attention path: "torch" (reference) or "triton"
         self._pool: PagePool | None = None
+        # Tensor parallelism (acespec.cloud.tensor_parallel): rank 0's leader, which sends
+        # every pass to the other ranks first; None on one device.
+        self.tp = None
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.embed_tokens.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.model.embed_tokens.weight.dtype
 
-    def new_cache(self, capacity: int = 256) -> KVCache:
-        """An empty sequence cache in the model's shared page pool."""
+    @property
+    def pool(self) -> PagePool:
+        """The page pool every sequence cache of this model lives in."""
         a = self.args
         if self._pool is None or self._pool.k[0].dtype != self.dtype \
                 or self._pool.k[0].device != self.device:
             self._pool = PagePool(a.num_layers, a.num_kv_heads, a.head_dim, self.dtype,
-                                  self.device)
+                                  self.device, mirror=self.tp.record if self.tp else None)
+        return self._pool
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        """An empty sequence cache in the model's shared page pool."""
+        a = self.args
         return KVCache(a.num_layers, a.num_kv_heads, a.head_dim, self.dtype, self.device,
-                       capacity, pool=self._pool)
+                       capacity, pool=self.pool)
 
     @torch.inference_mode()
     def forward_batch(self, reqs: Sequence[Request]) -> list[torch.Tensor]:
@@ -227,22 +255,41 @@ class Transformer(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.lm_head(self.model.norm(x))
 
-    def _run(self, reqs, plans):
-        ids = torch.tensor([t for r in reqs for t in r.tokens], dtype=torch.long, device=self.device)
-        rope = self._rope(torch.cat([p.positions for p in plans]))
-        x = self.model.embed_tokens(ids)
+    def _run(self, reqs, plans) -> list[torch.Tensor]:
+        step = Pass(
+            torch.tensor([t for r in reqs for t in r.tokens], dtype=torch.long,
+                         device=self.device),
+            torch.cat([p.positions for p in plans]),
+            [r.cache.seq_pass(p, len(r.tokens), r.last_only) for r, p in zip(reqs, plans)])
         tree = None
         if self.kernels == "triton":
             from acespec.cloud.attention import TreeBatch
 
             tree = TreeBatch.build(reqs, plans, self.args)
+        if self.tp is None:
+            x = self.hidden(step, tree)
+        else:
+            with self.tp.passing(step):  # the other ranks run the same pass beside this one
+                x = self.hidden(step, tree)
+        return self.head(step, x)
+
+    def hidden(self, step: Pass, tree=None) -> torch.Tensor:
+        """The last layer's output [N, d] for every new node; writes their KV."""
+        rope = self._rope(step.positions)
+        x = self.model.embed_tokens(step.ids)
+        pool = self.pool
         for layer in self.model.layers:
-            x = layer(x, rope, reqs, plans, tree)
-        sizes = [len(r.tokens) for r in reqs]
-        if any(r.last_only for r in reqs):
+            x = layer(x, rope, pool, step.seqs, tree)
+        return x
+
+    def head(self, step: Pass, x: torch.Tensor) -> list[torch.Tensor]:
+        """Per sequence float32 logits [n, V] ([1, V] for last_only) from hidden x [N, d]."""
+        sizes = [s.n for s in step.seqs]
+        if any(s.last_only for s in step.seqs):
             ends = torch.tensor(sizes, device=self.device).cumsum(0)
-            rows = torch.cat([torch.arange(e - (1 if r.last_only else n), e, device=self.device)
-                              for r, n, e in zip(reqs, sizes, ends.tolist())])
-            x, sizes = x[rows], [1 if r.last_only else n for r, n in zip(reqs, sizes)]
+            rows = torch.cat([torch.arange(e - (1 if s.last_only else s.n), e,
+                                           device=self.device)
+                              for s, e in zip(step.seqs, ends.tolist())])
+            x, sizes = x[rows], [1 if s.last_only else s.n for s in step.seqs]
         logits = self.lm_head(self.model.norm(x)).float()
         return list(logits.split(sizes))
