@@ -30,6 +30,11 @@ def add_parser(sub) -> None:
                    "reference (default auto: Triton on CUDA when installed; logged at start)")
     s.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (default 0: 1 for models under 50M parameters)")
+    s.add_argument("--tp", type=number(int, 1, 1024), metavar="N",
+                   help="tensor parallelism: shard the target over N ranks (torch.distributed; "
+                   "gloo on CPU, NCCL on CUDA, one GPU per rank), started by this command; "
+                   "under torchrun the ranks are torchrun's and N may be left out. N must "
+                   "divide the model's KV and query heads (default: 1)")
     s.add_argument("--auth-token-file", help="file with one accepted bearer token per line")
     s.add_argument("--tls-cert", help="PEM certificate chain (with --tls-key)")
     s.add_argument("--tls-key", help="PEM private key (with --tls-cert)")
@@ -100,10 +105,16 @@ def run_serve(args) -> int:
 
     from acespec.cloud.batcher import StepEmulation
     from acespec.cloud.engine import Limits
-    from acespec.cloud.server import ServerConfig, serve
+    from acespec.cloud.server import ServeFailed, ServerConfig, serve
 
     try:
         pairs.apply(args)
+        topo = _check_tp(args)
+        if topo is not None and topo.rank != 0:
+            from acespec.cloud.tp_launch import serve_rank
+
+            return serve_rank(args.model or _demo_target(), args.dtype,
+                              topo.device(args.device), args.threads, topo)
         cfg = ServerConfig(
             model=args.model, host=args.host, port=args.port, dtype=args.dtype,
             device=args.device, threads=args.threads, idle_timeout_s=args.idle_timeout,
@@ -113,12 +124,41 @@ def run_serve(args) -> int:
             auth_tokens=_tokens(args.auth_token_file), tls_cert=args.tls_cert,
             tls_key=args.tls_key, metrics_port=args.metrics_port,
             emulation=StepEmulation.parse(args.emulate_step_ms), grace_s=args.grace,
-            kernels=args.kernels)
+            kernels=args.kernels, tp=topo.world if topo else 1)
         asyncio.run(serve(cfg))
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"acespec cloud serve: error: {e}", file=sys.stderr)
         return 2
+    except ServeFailed as e:
+        print(f"acespec cloud serve: error: {e}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _demo_target() -> str:
+    from acespec.models import DEMO_TARGET
+
+    return str(DEMO_TARGET)
+
+
+def _check_tp(args):
+    """This process's tensor-parallel topology (None: one device), after the checks that
+    need no other rank: ValueError (one line) on a bad --tp."""
+    from acespec.cloud.tp_launch import topology
+
+    topo = topology(args.tp)
+    if topo is None:
+        return None
+    if args.kernels == "triton":
+        raise ValueError(f"--tp {topo.world} with --kernels triton: tensor-parallel passes "
+                         "run the torch attention path (the Triton tree attention is not "
+                         "sharded); use --kernels torch or auto")
+    from acespec.cloud.config import ModelArgs
+    from acespec.cloud.sharding import check_tp
+
+    path = args.model or _demo_target()
+    check_tp(ModelArgs.from_dir(path), topo.world, where=Path(path).name)
+    return topo
 
 
 def run_loadtest(args) -> int:

@@ -29,42 +29,60 @@ def checkpoint_files(path: Path) -> list[Path]:
 
 
 def load_model(path: str | Path, dtype: str | torch.dtype = "float32",
-               device: str | torch.device = "cpu") -> Transformer:
-    """Build the model described by `path/config.json` and load its safetensors weights."""
-    from safetensors.torch import load_file
+               device: str | torch.device = "cpu", rank: int = 0, world: int = 1
+               ) -> Transformer:
+    """Build the model described by `path/config.json` and load its safetensors weights;
+    with world > 1, only tensor-parallel rank `rank`'s shard (acespec.cloud.sharding)."""
+    from acespec.cloud.sharding import read_shard, shard_args
 
     path = Path(path)
-    args = ModelArgs.from_dir(path)
+    full = ModelArgs.from_dir(path)
+    args = shard_args(full, world)
     dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     with torch.device("meta"):
         model = Transformer(args)
-    state = {}
-    for f in checkpoint_files(path):
-        state.update(load_file(str(f), device=str(device)))
-    state = {k: v.to(dtype) for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    expected = {k for k in model.state_dict() if not (args.tie_word_embeddings and k == "lm_head.weight")}
+    files = checkpoint_files(path)
+    state = read_shard(files, expected | {"lm_head.weight"}, rank, world, str(device))
+    state = {k: v.to(dtype) for k, v in state.items()}
     if args.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    expected = {k for k in model.state_dict() if not (args.tie_word_embeddings and k == "lm_head.weight")}
-    missing, unexpected = expected - state.keys(), state.keys() - expected
+    names = _names(files)
+    missing = expected - state.keys()
+    unexpected = names - expected - {"lm_head.weight"} - {
+        k for k in names if k.endswith("rotary_emb.inv_freq")}
     if missing or unexpected:
         raise ValueError(f"{path}: checkpoint does not match the config: "
                          f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
     model.load_state_dict(state, strict=False, assign=True)
     if args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    log.info("loaded %s (%s, %d layers, %.1fM params, %s) from %s", args.arch, dtype,
-             args.num_layers, sum(p.numel() for p in model.parameters()) / 1e6, device, path)
+    shard = f", tensor-parallel rank {rank} of {world}" if world > 1 else ""
+    log.info("loaded %s (%s, %d layers, %.1fM params%s, %s) from %s", args.arch, dtype,
+             args.num_layers, sum(p.numel() for p in model.parameters()) / 1e6, shard, device,
+             path)
     return model.eval()
 
 
-def set_threads(model, threads: int = 0) -> None:
+def _names(files: list[Path]) -> set[str]:
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            names.update(st.keys())
+    return names
+
+
+def set_threads(model, threads: int = 0, share: int = 1) -> None:
     """Small models run fastest on one CPU thread; more threads only add synchronisation,
     which turns into long stalls on a busy machine (measured: a 25 ms step took 25-150 ms
-    with 2 threads beside another busy process, a steady 25 ms with 1)."""
+    with 2 threads beside another busy process, a steady 25 ms with 1). share: processes
+    on this machine dividing its cores (tensor-parallel ranks)."""
     if model.device.type != "cpu":
         return
     if threads <= 0:
         small = sum(p.numel() for p in model.parameters()) < 50_000_000
-        threads = 1 if small else torch.get_num_threads()
+        threads = 1 if small else max(1, torch.get_num_threads() // share)
     torch.set_num_threads(threads)
     log.info("target runs on %d CPU thread(s)", threads)

@@ -16,6 +16,7 @@ class Metrics:
     batch_sessions: object
     message_bytes: object
     errors: object
+    allreduce_bytes: object
 
     @classmethod
     def create(cls) -> Metrics:
@@ -35,6 +36,9 @@ class Metrics:
             message_bytes=Counter("acespec_message_bytes", "Serialized protobuf bytes",
                                   ["direction"], registry=r),
             errors=Counter("acespec_errors", "Sessions ended by an error", ["code"], registry=r),
+            allreduce_bytes=Gauge("acespec_tp_allreduce_bytes", "Bytes rank 0 all-reduced "
+                                  "with the other tensor-parallel ranks since start (0 on "
+                                  "one device)", registry=r),
         )
 
     def on_pass(self, stats) -> None:

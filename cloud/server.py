@@ -40,19 +40,30 @@ class ServerConfig:
     grace_s: float = 10.0
     default_params: ServeParams = field(default_factory=ServeParams)
     kernels: str = "auto"  # verifier kernels: auto (Triton on CUDA), triton, torch
+    tp: int | None = None  # tensor-parallel ranks; None: 1, or torchrun's WORLD_SIZE
 
 
-def load_engine(cfg: ServerConfig, metrics=None) -> Engine:
+class ServeFailed(RuntimeError):
+    """The verifier stopped because it could not go on (a tensor-parallel rank was lost)."""
+
+
+def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
+    """The target loaded (on this process's tensor-parallel rank 0 with its group started,
+    under --tp/torchrun) and wrapped in an Engine. on_failure(reason): a rank was lost."""
+    from acespec.cloud.attention import select_kernels
     from acespec.cloud.loader import load_model, set_threads
+    from acespec.cloud.tp_launch import topology
     from acespec.models import DEMO_TARGET
     from acespec.shared.tokenizer import Tokenizer
 
     path = Path(cfg.model or DEMO_TARGET)
-    model = load_model(path, dtype=cfg.dtype, device=cfg.device)
-    set_threads(model, cfg.threads)
-    from acespec.cloud.attention import select_kernels
-
-    model.kernels = select_kernels(cfg.kernels, model.device)
+    topo = topology(cfg.tp)
+    if topo is None:
+        model = load_model(path, dtype=cfg.dtype, device=cfg.device)
+        set_threads(model, cfg.threads)
+        model.kernels = select_kernels(cfg.kernels, model.device)
+    else:
+        model = _load_sharded(cfg, path, topo, metrics, on_failure)
     vocab_hash = Tokenizer.load(path).vocab_hash()
     model_id = f"{path.resolve().name}:{model.args.arch}"
     if cfg.emulation.base_ms or cfg.emulation.per_node_ms:
@@ -60,6 +71,35 @@ def load_engine(cfg: ServerConfig, metrics=None) -> Engine:
                     "(--emulate-step-ms) to emulate a big target model",
                     cfg.emulation.base_ms, cfg.emulation.per_node_ms)
     return Engine(model, vocab_hash, model_id, cfg.limits, cfg.emulation, metrics)
+
+
+def _load_sharded(cfg: ServerConfig, path: Path, topo, metrics, on_failure):
+    """Rank 0 of a group: spawn the other ranks unless torchrun did, load this shard."""
+    from acespec.cloud.tensor_parallel import Leader, Topology
+    from acespec.cloud.tp_launch import load_rank, spawn_ranks, worker_args
+
+    if cfg.kernels == "triton":
+        raise ValueError("--tp: tensor-parallel passes run the torch attention path; the "
+                         "Triton tree attention is not sharded (use --kernels torch or auto)")
+    children = []
+    if Topology.from_env() is None:
+        topo, children = spawn_ranks(topo, worker_args(str(path), cfg.dtype, cfg.device,
+                                                       cfg.threads))
+    try:
+        model = load_rank(path, cfg.dtype, topo.device(cfg.device), cfg.threads, topo)
+    except BaseException:
+        for child in children:  # they stop on the same error; never leave one behind
+            try:
+                child.wait(15)
+            except Exception:  # noqa: BLE001
+                child.kill()
+        raise
+    leader = Leader(model, topo.world, on_failure, children)
+    log.warning("tensor parallelism: %d ranks (%s), torch attention path; rank 0 serves",
+                topo.world, "gloo" if model.device.type == "cpu" else "nccl")
+    if metrics:
+        metrics.allreduce_bytes.set_function(lambda: leader.reduce.bytes)
+    return model
 
 
 async def create_server(engine: Engine, cfg: ServerConfig) -> tuple[grpc.aio.Server, int]:
@@ -129,13 +169,24 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
 
     _tls_credentials(cfg)  # a bad cert or key fails now, not after loading the model
     metrics = Metrics.create()
-    engine = load_engine(cfg, metrics)
-    server, port = await create_server(engine, cfg)
+    loop = asyncio.get_running_loop()
+    stop, failed = asyncio.Event(), []
+
+    def lost(reason: str) -> None:  # from the tensor-parallel heartbeat or a pass
+        loop.call_soon_threadsafe(lambda: (failed.append(reason), stop.set()))
+
+    engine = load_engine(cfg, metrics, lost)
+    try:
+        server, port = await create_server(engine, cfg)
+    except BaseException:
+        _stop_ranks(engine)
+        raise
     if cfg.metrics_port is not None:
         try:
             _, mport = metrics.serve(cfg.metrics_port, cfg.host)
         except OSError as e:
             await server.stop(0)
+            _stop_ranks(engine)
             raise OSError(f"metrics: could not listen on {cfg.host}:{cfg.metrics_port}: "
                           f"{e.strerror or e}") from None
         log.info("metrics on http://%s:%d/metrics", cfg.host, mport)
@@ -144,8 +195,6 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
                 ", bearer auth" if cfg.auth_tokens else ", no auth")
     # Handlers first: whoever reads the line below may signal at once (and the metrics
     # thread may hold the GIL between the print and the next statement).
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     print(f"acespec verifier listening on {cfg.host}:{port}", flush=True)
@@ -155,7 +204,20 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
     from grpc_health.v1 import health_pb2
 
     await server.health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-    log.warning("shutting down: draining %d sessions (grace %.0f s)", engine.active, cfg.grace_s)
-    await server.stop(cfg.grace_s)
+    if failed:  # no pass can run: end every session now (their edges resume elsewhere)
+        log.error("stopping: %s", failed[0])
+        await server.stop(1.0)
+    else:
+        log.warning("shutting down: draining %d sessions (grace %.0f s)", engine.active,
+                    cfg.grace_s)
+        await server.stop(cfg.grace_s)
     await engine.close_all()
+    _stop_ranks(engine)
+    if failed:
+        raise ServeFailed(f"tensor parallelism lost: {failed[0]}; the verifier stopped")
     log.warning("verifier stopped")
+
+
+def _stop_ranks(engine: Engine) -> None:
+    if engine.model.tp is not None:
+        engine.model.tp.stop()
