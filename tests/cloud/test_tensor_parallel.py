@@ -8,9 +8,11 @@ row copies), a sequence long enough to double the page pool and its release (the
 halves again), and decided sessions through the Engine with random edge drafts and the
 verifier's own proposals, greedy and coupled.
 
-Tolerance: float32 logits within 1e-4 absolute (the shards sum their partial products in
-another order; measured max 1.2e-5 on the demo target, see the assertion messages), and
-decided text equal token for token.
+Tolerance: float32 logits within 1e-4 of the largest logit's magnitude, the same argmax
+everywhere, and decided text equal token for token. The shards sum their partial products
+in another order, which is float32 rounding: measured max |dlogit| 1.2e-5 on the demo
+target (logits up to ~20) and 1.5e-3 on SmolLM2 at TP=3 (logits up to 34), where float32
+itself is 5.5e-4 from a float64 run of the same battery.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from acespec.models import DEMO_TARGET  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
 
-TOL = 1e-4
+TOL = 1e-4  # of the largest |logit|
 
 
 @contextlib.contextmanager
@@ -118,7 +120,8 @@ def compare(path, n: int, rounds: int) -> None:
         assert model.tp.broken is None
     assert len(got) == len(want)
     worst = max(float((a - b).abs().max()) for a, b in zip(got, want))
-    assert worst < TOL, f"TP={n} logits differ from TP=1 by {worst:.2e}"
+    scale = max(float(b.abs().max()) for b in want)
+    assert worst < TOL * scale, f"TP={n} logits differ from TP=1 by {worst:.2e} (scale {scale:.1f})"
     assert all(torch.equal(a.argmax(-1), b.argmax(-1)) for a, b in zip(got, want))
     for g, w in zip(got_texts, texts):
         assert g == w and len(g) > 0
