@@ -1,8 +1,28 @@
 """`python -m acespec.cloud serve ...`: the verifier's commands, as torchrun launches them
-(`torchrun --nproc-per-node N -m acespec.cloud serve --model DIR`)."""
+(`torchrun --nproc-per-node N -m acespec.cloud serve --model DIR`). Same flags as
+`acespec cloud ...`; imports nothing of the edge."""
 
+from __future__ import annotations
+
+import logging
 import sys
 
-from acespec.cli import main
 
-sys.exit(main(["cloud", *sys.argv[1:]]))
+def main(argv: list[str] | None = None) -> int:
+    from acespec.argtypes import OneLineErrors
+    from acespec.cloud.cli import add_parser
+
+    parser = OneLineErrors(prog="acespec")
+    add_parser(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(["cloud", *(sys.argv[1:] if argv is None else argv)])
+    logging.basicConfig(level=logging.INFO, datefmt="%H:%M:%S",
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -70,6 +70,29 @@ def add_parser(sub) -> None:
     lt.add_argument("--emulate-step-ms", metavar="T0[,PER_NODE]", help="as for `serve`")
     lt.add_argument("--json", action="store_true")
     lt.set_defaults(func=run_loadtest)
+    pr = csub.add_parser(
+        "profile", help="pass time vs nodes scored, one device and tensor-parallel side by side",
+        description="Time the target's forward pass (a chain of N new nodes after a "
+        "--context-token prefix, as the batcher runs it) for each --nodes and each --tp, "
+        "with the all-reduce bytes a pass moves. Prints a markdown table (or JSON).")
+    pr.add_argument("--model", default="", help="HF checkpoint folder (default: the demo target)")
+    pairs.add_argument(pr, target="model")
+    pr.add_argument("--random", metavar="SHAPE",
+                    help="a random-weight model of a named shape instead of a checkpoint: "
+                    "llama-8b, llama-1b or tiny (one device: --tp 1)")
+    pr.add_argument("--tp", type=_int_list, default=[1, 2], metavar="N[,N...]",
+                    help="tensor-parallel sizes, side by side (default: 1,2)")
+    pr.add_argument("--nodes", type=_int_list, default=[1, 4, 16, 64], metavar="N[,N...]",
+                    help="nodes per pass (default: 1,4,16,64)")
+    pr.add_argument("--context", type=number(int, 1, 1 << 16), default=256,
+                    help="prefix tokens in the KV cache (default: %(default)s)")
+    pr.add_argument("--repeats", type=number(int, 1, 10000), default=20,
+                    help="timed passes per point, after 2 warm-ups (default: %(default)s)")
+    pr.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    pr.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    pr.add_argument("--threads", type=int, default=0, help="as for `serve`")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=run_profile)
     ng = csub.add_parser("nginx-config", help="print an nginx config balancing verifier replicas",
                          description="nginx (grpc_pass) in front of verifier replicas, with a "
                          "consistent hash on the x-acespec-session metadata so sessions stick.")
@@ -78,6 +101,47 @@ def add_parser(sub) -> None:
     ng.add_argument("--prefix", default="/var/lib/acespec-nginx", help="pid/log/temp folder")
     ng.set_defaults(func=lambda a: print(__import__("acespec.cloud.nginx", fromlist=["x"])
                                          .nginx_config(a.replicas, a.listen, a.prefix)) or 0)
+
+
+def _int_list(text: str) -> list[int]:
+    """argparse type: '1,4,16' -> [1, 4, 16], each >= 1."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of "
+                                         "positive integers")
+    return values
+
+
+def run_profile(args) -> int:
+    import json
+
+    from acespec.cloud import profile
+    from acespec.cloud.config import ModelArgs
+    from acespec.cloud.sharding import check_tp
+
+    try:
+        pairs.apply(args)
+        if args.random:
+            if args.random not in profile.SHAPES:
+                raise ValueError(f"--random {args.random!r}: shapes are "
+                                 f"{', '.join(sorted(profile.SHAPES))}")
+            if args.tp != [1]:
+                raise ValueError("--random runs on one device: give --tp 1 (the ranks of a "
+                                 "group load their shards from a checkpoint)")
+        else:
+            path = args.model or _demo_target()
+            for tp in args.tp:
+                check_tp(ModelArgs.from_dir(path), tp, where=Path(path).name)
+        rows = profile.run(args.model or _demo_target(), args.random, args.tp, args.nodes,
+                           args.context, args.repeats, args.dtype, args.device, args.threads)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"acespec cloud profile: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(profile.as_dicts(rows), indent=2) if args.json else profile.markdown(rows))
+    return 0
 
 
 def port_number(text: str) -> int:

@@ -9,6 +9,7 @@ checkpoint, stops them all with one line naming it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -18,6 +19,8 @@ import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
+
+import torch
 
 from acespec.cloud.tensor_parallel import Topology, exchange, follow, init_group
 
@@ -90,6 +93,34 @@ def load_rank(path: str | Path, dtype: str, device: str, threads: int, topo: Top
         raise ValueError("the tensor-parallel ranks see different checkpoints (config.json "
                          f"or safetensors headers differ): {seen}")
     return model
+
+
+@contextlib.contextmanager
+def local_group(path: str | Path, n: int, dtype: str = "float32", device: str = "cpu",
+                threads: int = 0, on_failure=None):
+    """This process as rank 0 of n ranks on this machine (the others spawned), yielding
+    the sharded model; the ranks are stopped after (profiles and tests; `cloud serve --tp`
+    does the same around a server)."""
+    from acespec.cloud.tensor_parallel import Leader
+
+    saved = torch.get_num_threads()
+    topo, children = spawn_ranks(Topology(0, n, 0),
+                                 worker_args(str(path), dtype, device, threads))
+    leader = None
+    try:
+        model = load_rank(path, dtype, topo.device(device), threads, topo)
+        leader = Leader(model, n, on_failure, children)
+        yield model
+    finally:
+        torch.set_num_threads(saved)
+        if leader is not None:
+            leader.stop()
+        for child in children:  # never leave one behind (a failed start stops them too)
+            try:
+                child.wait(15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
 
 
 def serve_rank(path: str, dtype: str, device: str, threads: int, topo: Topology) -> int:

@@ -2,7 +2,7 @@
 unsharded target scores.
 
 This process is rank 0 (as `cloud serve --tp N` is); ranks 1..N-1 are `python -m
-acespec.cloud serve` processes started by the same launcher. Both models run one battery:
+acespec.cloud serve` processes started by the same launcher (tp_launch.local_group). Both models run one battery:
 batched prefills, batched tree passes of random trees, commits that compact a cache (pool
 row copies), a sequence long enough to double the page pool and its release (the pool
 halves again), and decided sessions through the Engine with random edge drafts and the
@@ -18,7 +18,6 @@ itself is 5.5e-4 from a float64 run of the same battery.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import numpy as np
 import pytest
@@ -30,32 +29,12 @@ from acespec.cloud.engine import Engine, Limits  # noqa: E402
 from acespec.cloud.loader import load_model  # noqa: E402
 from acespec.cloud.model import Request  # noqa: E402
 from acespec.cloud.tensor_parallel import Leader, Topology  # noqa: E402
-from acespec.cloud.tp_launch import load_rank, spawn_ranks, worker_args  # noqa: E402
+from acespec.cloud.tp_launch import load_rank, local_group, spawn_ranks, worker_args  # noqa: E402
 from acespec.models import DEMO_TARGET  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
 
 TOL = 1e-4  # of the largest |logit|
-
-
-@contextlib.contextmanager
-def sharded(path, n: int):
-    """Rank 0 of an n-rank group in this process, the others spawned; stopped after."""
-    threads = torch.get_num_threads()
-    topo, children = spawn_ranks(Topology(0, n, 0), worker_args(str(path), "float32", "cpu", 1))
-    leader = None
-    try:
-        model = load_rank(path, "float32", "cpu", 1, topo)
-        leader = Leader(model, n, None, children)
-        yield model
-    finally:
-        torch.set_num_threads(threads)
-        if leader is not None:
-            leader.stop()
-        for c in children:
-            if c.poll() is None:
-                c.kill()
-            c.wait()
 
 
 def battery(model, seed: int, rounds: int = 5) -> list[torch.Tensor]:
@@ -108,7 +87,7 @@ def compare(path, n: int, rounds: int) -> None:
     want = battery(single, 3, rounds)
     params = [ServeParams(), ServeParams(SamplingParams(temperature=0.8, coupled=True))]
     texts = [asyncio.run(decided_text(single, p, 11)) for p in params]
-    with sharded(path, n) as model:
+    with local_group(path, n, threads=1) as model:
         ops, record = [], model.tp.record
         model.tp.record = lambda op: (ops.append(op[0] if op[0] == "copy" else op[:2]),
                                       record(op))
