@@ -219,3 +219,32 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_profile_times_tp1_and_tp2_side_by_side_and_counts_the_all_reduces():
+    out = acespec("cloud", "profile", "--tp", "1,2", "--nodes", "1,4", "--repeats", "2",
+                  "--json", timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {(r["tp"], r["nodes"]): r for r in json.loads(out.stdout)}
+    assert set(rows) == {(1, 1), (1, 4), (2, 1), (2, 4)}
+    assert all(r["pass_ms"] > 0 for r in rows.values())
+    # demo target: 4 layers x 2 all-reduces of [nodes, 256] float32 per pass
+    assert [rows[(2, n)]["allreduce_bytes"] for n in (1, 4)] == [2 * 4 * n * 256 * 4
+                                                                for n in (1, 4)]
+    assert rows[(1, 4)]["allreduce_bytes"] == 0
+    table = acespec("cloud", "profile", "--random", "tiny", "--tp", "1", "--nodes", "2",
+                    "--repeats", "1", timeout=120)
+    assert table.returncode == 0 and table.stdout.startswith("| nodes | TP=1 ms (p90) |")
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--random", "llama-9t"], "--random 'llama-9t': shapes are llama-1b, llama-8b, tiny"),
+    (["--random", "tiny", "--tp", "1,2"], "--random runs on one device"),
+    (["--tp", "1,3"], "--tp 3 must divide"),
+    (["--nodes", "0"], "--nodes: '0' is not a comma-separated list of positive integers"),
+])
+def test_bad_profile_flags_are_one_line(flags, says):
+    out = acespec("cloud", "profile", *flags, timeout=60)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], lines
