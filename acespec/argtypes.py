@@ -45,3 +45,18 @@ def draft_ms(text: str) -> tuple[float, float]:
     if not 1 <= len(parts) <= 2 or any(not math.isfinite(x) or x < 0 for x in parts):
         raise argparse.ArgumentTypeError(f"wants T[,PER_TOKEN] in ms, >= 0, got {text!r}")
     return parts[0], parts[1] if len(parts) > 1 else 0.0
+
+
+def dispatch(args: argparse.Namespace, level: int) -> int:
+    """Run a parsed command (its `func`) with logging at `level`; Ctrl-C is exit 130."""
+    import logging
+    import sys
+
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+

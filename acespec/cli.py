@@ -7,7 +7,7 @@ import logging
 import sys
 
 from acespec import __version__
-from acespec.argtypes import OneLineErrors
+from acespec.argtypes import OneLineErrors, dispatch
 
 
 def _add_models(sub) -> None:
@@ -170,13 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     if args.cmd in ("models", "cloud"):
         level = min(level, logging.INFO)  # long jobs report progress
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    try:
-        return args.func(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return dispatch(args, level)
 
 
 if __name__ == "__main__":

@@ -9,19 +9,13 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from acespec.argtypes import OneLineErrors
+    from acespec.argtypes import OneLineErrors, dispatch
     from acespec.cloud.cli import add_parser
 
     parser = OneLineErrors(prog="acespec")
     add_parser(parser.add_subparsers(dest="cmd", required=True))
     args = parser.parse_args(["cloud", *(sys.argv[1:] if argv is None else argv)])
-    logging.basicConfig(level=logging.INFO, datefmt="%H:%M:%S",
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return args.func(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return dispatch(args, logging.INFO)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from acespec.cloud.errors import Unavailable
 from acespec.cloud.model import Request, Transformer
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,8 @@ class Batcher:
         t0 = time.perf_counter()
         try:
             results = self.model.forward_batch([r for r, _ in batch])
+        except Unavailable as e:  # no pass can run (a lost rank): every request fails alike
+            results = [e] * len(batch)
         except Exception:  # one bad request must not fail the others: retry one by one
             log.exception("batched forward failed; retrying %d requests separately", len(batch))
             results = []

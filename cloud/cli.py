@@ -18,8 +18,7 @@ def add_parser(sub) -> None:
         description="Load a Hugging Face checkpoint (Llama/Qwen2/Qwen3) and serve the AceSpec "
         "verifier: tree scoring sessions, cloud-only Generate, gRPC health. SIGINT/SIGTERM "
         "drain open sessions before exit.")
-    s.add_argument("--model", default="", help="HF checkpoint folder (default: the demo target)")
-    pairs.add_argument(s, target="model")
+    _target_flags(s)
     s.add_argument("--host", default="0.0.0.0", help="bind address (default: %(default)s)")
     s.add_argument("--port", type=port_number, default=50051,
                    help="gRPC port, 0 = any (default: %(default)s)")
@@ -75,8 +74,7 @@ def add_parser(sub) -> None:
         description="Time the target's forward pass (a chain of N new nodes after a "
         "--context-token prefix, as the batcher runs it) for each --nodes and each --tp, "
         "with the all-reduce bytes a pass moves. Prints a markdown table (or JSON).")
-    pr.add_argument("--model", default="", help="HF checkpoint folder (default: the demo target)")
-    pairs.add_argument(pr, target="model")
+    _target_flags(pr)
     pr.add_argument("--random", metavar="SHAPE",
                     help="a random-weight model of a named shape instead of a checkpoint: "
                     "llama-8b, llama-1b or tiny (one device: --tp 1)")
@@ -101,6 +99,11 @@ def add_parser(sub) -> None:
     ng.add_argument("--prefix", default="/var/lib/acespec-nginx", help="pid/log/temp folder")
     ng.set_defaults(func=lambda a: print(__import__("acespec.cloud.nginx", fromlist=["x"])
                                          .nginx_config(a.replicas, a.listen, a.prefix)) or 0)
+
+
+def _target_flags(p) -> None:
+    p.add_argument("--model", default="", help="HF checkpoint folder (default: the demo target)")
+    pairs.add_argument(p, target="model")
 
 
 def _int_list(text: str) -> list[int]:

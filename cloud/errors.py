@@ -34,3 +34,11 @@ class DeadlineExceeded(SessionError):
 
 class OutOfRange(SessionError):
     code = "OUT_OF_RANGE"
+
+
+class Unavailable(SessionError):
+    """The verifier cannot score at all any more (e.g. a tensor-parallel rank was lost): the
+    edge re-opens its session on another verifier."""
+
+    code = "UNAVAILABLE"
+

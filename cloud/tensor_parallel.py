@@ -24,6 +24,7 @@ import contextlib
 import datetime
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -32,13 +33,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from acespec.cloud.errors import Unavailable
+
 log = logging.getLogger(__name__)
 
 PING_S = 1.0  # rank 0's heartbeat while no pass runs
 OP_TIMEOUT_S = 120  # the longest a rank waits in one collective
 
 
-class GroupLost(RuntimeError):
+class GroupLost(Unavailable):
     """A tensor-parallel rank is gone: no pass can run any more."""
 
 
@@ -147,8 +150,8 @@ class Leader:
                 self._send(("pass", self._take_ops(), portable(step)))
                 yield
             except Exception as e:
-                self._fail(f"a collective failed: {_short(e)}")
-                raise GroupLost(self.broken) from e
+                self._fail(self._why(e))
+                raise GroupLost(f"tensor parallelism lost: {self.broken}") from e
             self.passes += 1
             self._last = time.monotonic()
 
@@ -177,7 +180,20 @@ class Leader:
                 if child.poll() is not None:
                     self._fail(f"rank {r} exited ({_exit_text(child.returncode)})")
         if self.broken is not None:
-            raise GroupLost(self.broken)
+            raise GroupLost(f"tensor parallelism lost: {self.broken}")
+
+    def _why(self, e: BaseException) -> str:
+        """The reason a collective failed: the rank this process started that died, when
+        one did (it may take a moment to be reaped), else what the backend said."""
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            for r, child in enumerate(self.children, start=1):
+                if child.poll() is not None:
+                    return f"rank {r} exited ({_exit_text(child.returncode)})"
+            if not self.children:
+                break
+            time.sleep(0.05)
+        return f"a collective failed ({_short(e)})"
 
     def _fail(self, reason: str) -> None:
         if self.broken is not None:
@@ -200,7 +216,7 @@ class Leader:
             except GroupLost:
                 return
             except Exception as e:  # noqa: BLE001 - any failure of the group is the same news
-                self._fail(f"a collective failed: {_short(e)}")
+                self._fail(self._why(e))
                 return
             finally:
                 self._lock.release()
@@ -248,8 +264,12 @@ def portable(step, device: torch.device | str = "cpu"):
 
 
 def _short(e: BaseException) -> str:
-    text = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return text[-200:]
+    """The gist of a backend's error: gloo's say which peer went how, in a long line."""
+    text = str(e)
+    m = re.search(r"Connection (?:reset|closed) by peer[^.]*|[Tt]imed out[^.]*", text)
+    if m:
+        return m.group(0).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:160]
 
 
 def _exit_text(code: int) -> str:
