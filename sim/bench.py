@@ -334,15 +334,22 @@ def _idle(rs: list[dict]) -> dict:
     """The verifier's idle-time figures over runs: busy fraction (mean over runs that report
     it), dead drafts skipped, tokens decided with no draft, walks into guessed branches and
     those that restarted (totals); the speculation tree's widest and deepest (maxima)."""
-    busy = [r["verifier_busy"] for r in rs if r.get("verifier_busy") is not None]
-    return {"verifier_busy": round(float(np.mean(busy)), 3) if busy else None,
+    return {"verifier_busy": _mean(rs, "verifier_busy"),
             "dead_nodes_skipped": sum(r.get("dead_nodes_skipped", 0) for r in rs),
             "continuation_tokens": sum(r.get("continuation_tokens", 0) for r in rs),
             "verifier_hits": sum(r.get("verifier_hits") or 0 for r in rs),
+            "edge_hits": sum(r.get("cache_hits") or 0 for r in rs),
             "hits_restarted": sum(r.get("hits_restarted") or 0 for r in rs),
+            "drafts_in_time": _mean(rs, "drafts_in_time"),
             "tree_width": max((r.get("tree_width") or 0 for r in rs), default=0),
             "tree_depth": max((r.get("tree_depth") or 0 for r in rs), default=0),
             **_passes(rs)}
+
+
+def _mean(rs: list[dict], key: str) -> float | None:
+    """The mean of a per-run rate over the runs that report it."""
+    vals = [r[key] for r in rs if r.get(key) is not None]
+    return round(float(np.mean(vals)), 3) if vals else None
 
 
 def _passes(rs: list[dict]) -> dict:

@@ -148,6 +148,8 @@ class Stats:
                 if self.verifier and self.target_forwards else None,
                 "branches_uploaded": self.cache.branches_uploaded,
                 "branch_nodes_scored": self.cache.branch_nodes, "budgets": self.budgets,
+                "drafts_in_time": None if self.cache.in_time_rate is None
+                else round(self.cache.in_time_rate, 3),
                 "adaptive_depth": self.depth, "adaptive_window": self.window,
                 "shape_changes": self.shape_changes, "link_estimate": self.link,
                 **self.idle_figures(),

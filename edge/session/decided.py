@@ -33,6 +33,7 @@ class DecidedSession:
         self.passes_before = run.stats.target_forwards  # earlier attempts' passes
         self.sent: list[tuple[float, int]] = []  # (time, bytes) of each uplink message
         self.acked = 0  # of those, how many the verifier said it applied
+        self.applied = 0  # acked as of the Decided being applied (0 before any)
         # The verifier consumes drafts as fast as its passes run, and a chain that is short
         # of a round trip's worth leaves it decoding alone: the adaptive shape drafts up to
         # the widest window (dead drafts cost only uplink bytes, never a pass).
@@ -128,6 +129,7 @@ class DecidedSession:
                              f"{self.run.committed_end}")
         self._observe_link(msg, size, arrived)
         stats = self.run.stats
+        self.applied = msg.acked  # what the verifier held when it decided these tokens
         self.take_tokens(msg.tokens)
         stats.target_forwards = stats.rounds = self.passes_before + msg.passes
         if msg.counts is not None:

@@ -38,6 +38,11 @@ NODE_BYTES = 8.0  # uplink bytes one node costs, its share of the message framin
 # until the edge's new drafts arrive (measured at 50 kbit/s, 50 ms: 2.0-2.3 per rejection).
 MISS_PASSES = 2.0
 BRANCH_SHARE = 0.5  # guessed branches may hold this share of the window
+# A guess saves passes only when the verifier holds it as it decides the guess's position:
+# P(in time), learned from the line drafts (a guess goes up in the message of the draft it
+# hedges, so it is as early or late as that draft), starts here and moves by IN_TIME_RATE.
+IN_TIME_PRIOR = 0.5
+IN_TIME_RATE = 0.1
 SLOW_LINK_BPS = 50e3  # assumed until the link is measured: the slow case we design for
 
 
@@ -53,6 +58,7 @@ class GrowDriver(DecidedSession):
         self.tree.root.seq = run.seq
         self.pass_s = 0.05  # the verifier's seconds per pass (smoothed)
         self.last_decided: float | None = None
+        self.in_time = IN_TIME_PRIOR  # P(a sent node is held when its position is decided)
 
     async def work(self) -> bool:
         """One growth step (sending once a message's worth is ready), or the last nodes."""
@@ -89,8 +95,8 @@ class GrowDriver(DecidedSession):
         # A guess is worth nothing without drafts below it (the verifier would decide its
         # token anyway): its first draft carries the hit's value, deeper ones a pass each.
         cands = [(n, v) for n, p, b in leaves
-                 if b and (v := p * run.alpha * pass_s * (MISS_PASSES if n.guess else 1)
-                           - node_s) > 0]
+                 if b and (v := p * self.in_time * run.alpha * pass_s
+                           * (MISS_PASSES if n.guess else 1) - node_s) > 0]
         budget = GrowBudget(nodes=branch_room, kv_bytes=self._kv_room(len(walked)),
                             uplink_bytes=self._uplink_room(), batch=len(self.free))
         branches = tree.select(cands, budget, self._costs()) if cands else []
@@ -158,10 +164,12 @@ class GrowDriver(DecidedSession):
         return int(self.window * BRANCH_SHARE) - sum(b for _, _, b in walked)
 
     def _guess(self, walked: list, room: int) -> list[GNode]:
-        """Guessed children where they are worth their cost: a hit saves the passes a miss
-        costs (MISS_PASSES). Re-checked every step, as the calibration and the root move."""
-        node_s, pass_s = self._node_s(), self.pass_s
-        return self.tree.guess(walked, lambda p: p * MISS_PASSES * pass_s - node_s, room=room)
+        """Guessed children where they are worth their cost: a hit the verifier holds in
+        time saves the passes a miss costs (MISS_PASSES); a late one saves it nothing.
+        Re-checked every step, as the calibration, the root and the timing move."""
+        node_s, pass_s, in_time = self._node_s(), self.pass_s, self.in_time
+        return self.tree.guess(walked, lambda p: p * in_time * MISS_PASSES * pass_s - node_s,
+                               room=room)
 
     def _seq_for(self, node: GNode, p_of: dict | None = None, busy: set | None = None
                  ) -> int | None:
@@ -277,6 +285,8 @@ class GrowDriver(DecidedSession):
         parents = [ROOT if n.parent is None or n.parent is tree.root else n.parent.nid
                    for n in nodes]
         await self.guarded(self.sess.grow(tree.end, [n.token for n in nodes], parents))
+        for n in nodes:
+            n.sent_in = len(self.sent)
         self.run.stats.note_tree(*tree.shape())
 
         self.run.stats.cache.branch_nodes += sum(n.guess for n in nodes)
@@ -298,6 +308,7 @@ class GrowDriver(DecidedSession):
         if root.draft is not None:
             run.acc.update(root.conf, root.draft.token == t)
             run.learn_acceptance(root.draft.token == t)
+            self._judge_timing(root.draft)
         verdict = tree.take(t)
         if verdict in (HIT, REJECTED):
             stats.cache.rejections += 1
@@ -305,6 +316,17 @@ class GrowDriver(DecidedSession):
         stats.cache.hits += verdict == HIT
         stats.accepted += verdict == ACCEPTED
         stats.verdicts[verdict] = stats.verdicts.get(verdict, 0) + 1
+
+    def _judge_timing(self, draft: GNode) -> None:
+        """Was the line draft at the position just decided held by the verifier then? (A
+        verifier that never acknowledges messages, older than `acked`, leaves the prior.)"""
+        if not draft.sent_in or not self.applied:
+            return
+        held = draft.sent_in <= self.applied
+        cache = self.run.stats.cache
+        cache.drafts_judged += 1
+        cache.drafts_in_time += held
+        self.in_time += IN_TIME_RATE * (held - self.in_time)
 
     def take_tokens(self, tokens: list[int]) -> None:
         self._time_pass()

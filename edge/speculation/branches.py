@@ -57,6 +57,12 @@ class CacheStats:
     branches_uploaded: int = 0
     branch_nodes: int = 0
     hits_restarted: int = 0  # hits after which the verifier had nothing to continue with
+    drafts_judged: int = 0  # decided sessions: positions decided where a line draft was sent
+    drafts_in_time: int = 0  # ... whose draft the verifier held when it decided them
+
+    @property
+    def in_time_rate(self) -> float | None:
+        return self.drafts_in_time / self.drafts_judged if self.drafts_judged else None
 
     @property
     def hit_rate(self) -> float:

@@ -37,6 +37,7 @@ class GNode:
     guess: bool = False  # a guessed recovery token (not drafted)
     p_c: float = 1.0  # a guess: P(recovered token = this | the draft beside it is rejected)
     nid: int = -1  # wire node id once sent; -1 before (and for the frontier)
+    sent_in: int = 0  # the uplink message (1-based, per connection) that carried it; 0: unsent
     children: dict[int, GNode] = field(default_factory=dict)
     draft: GNode | None = None  # the drafted child, once this node was expanded
     conf: float = 1.0  # the drafter's probability of `draft` (its plain softmax)

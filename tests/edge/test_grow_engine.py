@@ -112,6 +112,8 @@ def test_a_hit_on_a_guessed_branch_continues_with_no_round_trip(tiny_pair):
     # The verifier walked into the guessed branch in the pass that rejected the draft, and
     # the branch carried it on: no pass decided a token without a draft after the hit.
     assert figures["verifier_hits"] == 1 and figures["hits_restarted"] == 0
+    # A drafter that keeps up on a fast link: the line's drafts are held when decided.
+    assert figures["drafts_in_time"] >= 0.5, figures
     chain, chain_stats = _generate(model, tok, prompt, drafter, spec=FAST, cfg=
                                    EngineConfig(mode="acespec", depth=4, window=24,
                                                 max_tokens=60, grow_tree=False))
