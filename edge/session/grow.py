@@ -31,7 +31,7 @@ from acespec.edge.speculation.grow_tree import (
 ROOT = -1
 SEND_BATCH = 6  # nodes per Grow message while more growth follows (framing costs ~20 B)
 REACT_SHARE = 0.5  # a line chunk drafts for at most this share of a verifier pass
-RAMP = 2  # drafts in the line's first chunk after a miss (the chunks then double)
+RAMP = 2  # fewest drafts in the line's first chunk after a miss (the chunks then double)
 NODE_PASS_S = 5e-4  # what one more node adds to a verifier pass (the 40,0.5 profile)
 NODE_BYTES = 8.0  # uplink bytes one node costs, its share of the message framing included
 # A guessed child that hits saves what a miss costs: the passes the verifier decides alone
@@ -59,6 +59,7 @@ class GrowDriver(DecidedSession):
         self.pass_s = 0.05  # the verifier's seconds per pass (smoothed)
         self.last_decided: float | None = None
         self.in_time = IN_TIME_PRIOR  # P(a sent node is held when its position is decided)
+        self.pass_tokens = 1.0  # tokens the verifier decides per pass (smoothed)
 
     async def work(self) -> bool:
         """One growth step (sending once a message's worth is ready), or the last nodes."""
@@ -103,7 +104,7 @@ class GrowDriver(DecidedSession):
         if line and not branches:
             # After a miss the line starts short: its first drafts go up at once, so the
             # verifier (deciding alone meanwhile) meets them sooner; the chunks then grow.
-            n = min(self._chunk(), max(RAMP, self._line_lead()), line_room, left)
+            n = min(self._chunk(), max(self._ramp(), self._line_lead()), line_room, left)
             return await self._grow_line(line[0], n) or bool(guessed)
         return await self._grow_batch(line + branches, walked) or bool(guessed)
 
@@ -121,6 +122,16 @@ class GrowDriver(DecidedSession):
             tree.expand(n, int(d.tokens[0]), d.q[0] if d.ranks is None else d.ranks[0],
                         run.rec)
         return True
+
+    def _ramp(self) -> int:
+        """Drafts in the line's first chunk after a miss: past where the verifier, deciding
+        alone meanwhile, will be when they arrive - its tokens per second times the round
+        trip - so the chunk holds drafts in time; the ones before that cost bytes only
+        (the verifier compares them with what it decided). At least RAMP."""
+        link = self.run.link
+        rtt = link.base_rtt() if link.ready else 2 * self.pass_s
+        ahead = self.pass_tokens / max(self.pass_s, 1e-3) * rtt
+        return max(RAMP, int(ahead) + 2)
 
     def _line_lead(self, sent: bool = False) -> int:
         """Drafted line nodes beyond the committed text (only those uploaded, if sent)."""
@@ -330,6 +341,7 @@ class GrowDriver(DecidedSession):
 
     def take_tokens(self, tokens: list[int]) -> None:
         self._time_pass()
+        self.pass_tokens += 0.2 * (len(tokens) - self.pass_tokens)
         for t in tokens:
             self._apply_token(t)
             self.run.emit([t])
