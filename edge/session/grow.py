@@ -18,6 +18,7 @@ import time
 from acespec.edge.client import CloudSession
 from acespec.edge.session.decided import DecidedSession
 from acespec.edge.session.runner import Runner
+from acespec.edge.speculation.calibration import TimingModel
 from acespec.edge.speculation.grow_tree import (
     ACCEPTED,
     HIT,
@@ -34,15 +35,11 @@ REACT_SHARE = 0.5  # a line chunk drafts for at most this share of a verifier pa
 RAMP = 2  # fewest drafts in the line's first chunk after a miss (the chunks then double)
 NODE_PASS_S = 5e-4  # what one more node adds to a verifier pass (the 40,0.5 profile)
 NODE_BYTES = 8.0  # uplink bytes one node costs, its share of the message framing included
+MESSAGE_BYTES = 54.0  # gRPC and HTTP/2 framing of one uplink message
 # A guessed child that hits saves what a miss costs: the passes the verifier decides alone
 # until the edge's new drafts arrive (measured at 50 kbit/s, 50 ms: 2.0-2.3 per rejection).
 MISS_PASSES = 2.0
 BRANCH_SHARE = 0.5  # guessed branches may hold this share of the window
-# A guess saves passes only when the verifier holds it as it decides the guess's position:
-# P(in time), learned from the line drafts (a guess goes up in the message of the draft it
-# hedges, so it is as early or late as that draft), starts here and moves by IN_TIME_RATE.
-IN_TIME_PRIOR = 0.5
-IN_TIME_RATE = 0.1
 SLOW_LINK_BPS = 50e3  # assumed until the link is measured: the slow case we design for
 
 
@@ -58,7 +55,10 @@ class GrowDriver(DecidedSession):
         self.tree.root.seq = run.seq
         self.pass_s = 0.05  # the verifier's seconds per pass (smoothed)
         self.last_decided: float | None = None
-        self.in_time = IN_TIME_PRIOR  # P(a sent node is held when its position is decided)
+        # P(a node sent so far ahead is held when its position is decided), learnt from the
+        # line's drafts: a guess goes up in the message of the draft it hedges, as early
+        # or late as it; a late guess saves the verifier nothing.
+        self.timing = TimingModel()
         self.pass_tokens = 1.0  # tokens the verifier decides per pass (smoothed)
 
     async def work(self) -> bool:
@@ -95,9 +95,11 @@ class GrowDriver(DecidedSession):
         line = [n for n, _, b in leaves if not b][:1 if line_room > 0 else 0]
         # A guess is worth nothing without drafts below it (the verifier would decide its
         # token anyway): its first draft carries the hit's value, deeper ones a pass each.
+        ahead = self._advance()
         cands = [(n, v) for n, p, b in leaves
-                 if b and (v := p * self.in_time * run.alpha * pass_s
-                           * (MISS_PASSES if n.guess else 1) - node_s) > 0]
+                 if b and (v := p * self.timing.p(n.position + 1 - tree.end, ahead)
+                           * run.alpha * pass_s * (MISS_PASSES if n.guess else 1)
+                           - node_s) > 0]
         budget = GrowBudget(nodes=branch_room, kv_bytes=self._kv_room(len(walked)),
                             uplink_bytes=self._uplink_room(), batch=len(self.free))
         branches = tree.select(cands, budget, self._costs()) if cands else []
@@ -123,15 +125,23 @@ class GrowDriver(DecidedSession):
                         run.rec)
         return True
 
-    def _ramp(self) -> int:
-        """Drafts in the line's first chunk after a miss: past where the verifier, deciding
-        alone meanwhile, will be when they arrive - its tokens per second times the round
-        trip - so the chunk holds drafts in time; the ones before that cost bytes only
-        (the verifier compares them with what it decided). At least RAMP."""
+    def _advance(self, n: int = RAMP) -> float:
+        """Tokens the verifier decides, alone, while a message of n fresh drafts is drafted
+        and travels to it: its tokens per second times the round trip, the drafting and
+        the uplink of the message."""
         link = self.run.link
         rtt = link.base_rtt() if link.ready else 2 * self.pass_s
-        ahead = self.pass_tokens / max(self.pass_s, 1e-3) * rtt
-        return max(RAMP, int(ahead) + 2)
+        bw = link.bandwidth() if link.ready else SLOW_LINK_BPS / 8
+        rate = self.pass_tokens / max(self.pass_s, 1e-3)
+        return rate * (rtt + n * self.run.draft_s + (MESSAGE_BYTES + n * NODE_BYTES) / bw)
+
+    def _ramp(self) -> int:
+        """Drafts in the line's first chunk after a miss: past where the verifier will be
+        when they arrive, so the chunk holds drafts in time (the ones before that cost
+        bytes only: the verifier compares them with what it decided). At least RAMP."""
+        n = max(RAMP, int(self._advance()) + 2)
+        n = max(RAMP, int(self._advance(n)) + 2)  # the chunk's own delay: refined once
+        return min(n, self.window)
 
     def _line_lead(self, sent: bool = False) -> int:
         """Drafted line nodes beyond the committed text (only those uploaded, if sent)."""
@@ -178,9 +188,10 @@ class GrowDriver(DecidedSession):
         """Guessed children where they are worth their cost: a hit the verifier holds in
         time saves the passes a miss costs (MISS_PASSES); a late one saves it nothing.
         Re-checked every step, as the calibration, the root and the timing move."""
-        node_s, pass_s, in_time = self._node_s(), self.pass_s, self.in_time
-        return self.tree.guess(walked, lambda p: p * in_time * MISS_PASSES * pass_s - node_s,
-                               room=room)
+        node_s, pass_s, ahead, timing = self._node_s(), self.pass_s, self._advance(), self.timing
+        return self.tree.guess(
+            walked, lambda p, lead: p * timing.p(lead, ahead) * MISS_PASSES * pass_s - node_s,
+            room=room)
 
     def _seq_for(self, node: GNode, p_of: dict | None = None, busy: set | None = None
                  ) -> int | None:
@@ -297,7 +308,7 @@ class GrowDriver(DecidedSession):
                    for n in nodes]
         await self.guarded(self.sess.grow(tree.end, [n.token for n in nodes], parents))
         for n in nodes:
-            n.sent_in = len(self.sent)
+            n.sent_in, n.lead = len(self.sent), n.position - tree.end
         self.run.stats.note_tree(*tree.shape())
 
         self.run.stats.cache.branch_nodes += sum(n.guess for n in nodes)
@@ -337,7 +348,7 @@ class GrowDriver(DecidedSession):
         cache = self.run.stats.cache
         cache.drafts_judged += 1
         cache.drafts_in_time += held
-        self.in_time += IN_TIME_RATE * (held - self.in_time)
+        self.timing.observe(draft.lead, held)
 
     def take_tokens(self, tokens: list[int]) -> None:
         self._time_pass()

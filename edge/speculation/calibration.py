@@ -54,3 +54,34 @@ class AcceptanceModel:
         b = self._bin(qx)
         self.total[b] += 1
         self.accepted[b] += accepted
+
+
+@dataclass
+class TimingModel:
+    """P(in time | lead): that the verifier holds a node sent `lead` positions past the
+    decided end (as the edge knew it) when it decides that position. The verifier decides
+    alone while the node travels, so a node is late when its lead is below the verifier's
+    advance meanwhile (`ahead`, from the round trip): that model is the prior (weight
+    PRIOR_WEIGHT, per lead); every judged line draft updates its lead's bin."""
+
+    size: int = 64
+    held: np.ndarray = field(default_factory=lambda: np.zeros(64))
+    judged: np.ndarray = field(default_factory=lambda: np.zeros(64))
+
+    PRIOR_WEIGHT = 2.0
+    EARLY, LATE = 0.9, 0.1  # the prior past and short of the verifier's advance
+
+    def _bin(self, lead: int) -> int:
+        return max(0, min(self.size - 1, lead))
+
+    def observe(self, lead: int, held: bool) -> None:
+        b = self._bin(lead)
+        self.judged[b] += 1
+        self.held[b] += held
+
+    def p(self, lead: int, ahead: float) -> float:
+        b = self._bin(lead)
+        prior = self.EARLY if lead > ahead else self.LATE
+        return float((self.held[b] + self.PRIOR_WEIGHT * prior)
+                     / (self.judged[b] + self.PRIOR_WEIGHT))
+

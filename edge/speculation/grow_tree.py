@@ -38,6 +38,7 @@ class GNode:
     p_c: float = 1.0  # a guess: P(recovered token = this | the draft beside it is rejected)
     nid: int = -1  # wire node id once sent; -1 before (and for the frontier)
     sent_in: int = 0  # the uplink message (1-based, per connection) that carried it; 0: unsent
+    lead: int = 0  # once sent: its position's distance past the committed end then
     children: dict[int, GNode] = field(default_factory=dict)
     draft: GNode | None = None  # the drafted child, once this node was expanded
     conf: float = 1.0  # the drafter's probability of `draft` (its plain softmax)
@@ -190,9 +191,10 @@ class GrowTree:
         node.alt_p = [rec.p(rank, float(ranks[c]) / rest) for rank, c in enumerate(node.alts)]
         return node.draft
 
-    def guess(self, walked: list[tuple[GNode, float, bool]], worth: Callable[[float], float],
-              room: int) -> list[GNode]:
-        """Add guessed children where worth(P(their path)) > 0, best first, at most `room`.
+    def guess(self, walked: list[tuple[GNode, float, bool]],
+              worth: Callable[[float, int], float], room: int) -> list[GNode]:
+        """Add guessed children where worth(P(their path), lead) > 0, best first, at most
+        `room` (lead: how far past the committed end the child sits).
         Re-checked every step: a node drafted early, when its path looked unlikely, gets
         its guesses once the accepted path comes close."""
         if room <= 0:
@@ -203,7 +205,8 @@ class GrowTree:
                 continue
             a = acc[min(len(acc) - 1, int(n.conf * len(acc)))]
             for c, p_c in zip(n.alts, n.alt_p):
-                if c not in n.children and (v := worth(p * (1 - a) * p_c)) > 0:
+                lead = n.position + 1 - self.end
+                if c not in n.children and (v := worth(p * (1 - a) * p_c, lead)) > 0:
                     cands.append((v, n, c, p_c))
         cands.sort(key=lambda x: -x[0])
         return [self._child(n, c, guess=True, p_c=p_c) for _, n, c, p_c in cands[:room]]

@@ -32,7 +32,7 @@ def grown_tree() -> GrowTree:
     rec = RecoveryModel(2)
     t.expand(t.root, 5, ranks([5, 6, 7], [0.5, 0.3, 0.1]), rec)
     t.expand(t.root.children[5], 8, ranks([8, 9], [0.6, 0.3]), rec)
-    assert len(t.guess(t.walk(), lambda p: 1.0, room=3)) == 3  # 6, 7 under the root; 9 under 5
+    assert len(t.guess(t.walk(), lambda p, lead: 1.0, room=3)) == 3  # 6, 7 under the root; 9 under 5
     return t
 
 
@@ -55,12 +55,12 @@ def test_guesses_wait_until_they_are_worth_their_cost_and_odds_follow_calibratio
         node = t.expand(node, tok, ranks([tok, 3], [0.9, 0.09]), rec)
     deep = [n for n, p in t.nodes() if n.position == 14][0]
     before = t.odds(deep)
-    got = t.guess(t.walk(), lambda p: p - 0.15, room=9)  # only the shallow guesses pay for themselves
+    got = t.guess(t.walk(), lambda p, lead: p - 0.15, room=9)  # only the shallow guesses pay for themselves
     assert [n.position for n in got] == [10, 11]
     for _ in range(50):
         t.acc.update(0.9, True)  # the calibration learns the drafts are good
     assert t.odds(deep) > before
-    assert len(t.guess(t.walk(), lambda p: p, room=1)) == 1  # the room binds
+    assert len(t.guess(t.walk(), lambda p, lead: p, room=1)) == 1  # the room binds
 
 
 def test_take_reroots_and_reports_the_verdict():
