@@ -216,12 +216,11 @@ def _check_tp(args):
     topo = topology(args.tp)
     if topo is None:
         return None
-    if args.kernels == "triton":
-        raise ValueError(f"--tp {topo.world} with --kernels triton: tensor-parallel passes "
-                         "run the torch attention path (the Triton tree attention is not "
-                         "sharded); use --kernels torch or auto")
     from acespec.cloud.config import ModelArgs
     from acespec.cloud.sharding import check_tp
+    from acespec.cloud.tp_launch import check_kernels
+
+    check_kernels(args.kernels, topo.world)  # every rank, before any waits for the others
 
     path = args.model or _demo_target()
     check_tp(ModelArgs.from_dir(path), topo.world, where=Path(path).name)

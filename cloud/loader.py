@@ -43,11 +43,10 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "float32",
         model = Transformer(args)
     expected = {k for k in model.state_dict() if not (args.tie_word_embeddings and k == "lm_head.weight")}
     files = checkpoint_files(path)
-    state = read_shard(files, expected | {"lm_head.weight"}, rank, world, str(device))
+    state, names = read_shard(files, expected | {"lm_head.weight"}, rank, world, str(device))
     state = {k: v.to(dtype) for k, v in state.items()}
     if args.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    names = _names(files)
     missing = expected - state.keys()
     unexpected = names - expected - {"lm_head.weight"} - {
         k for k in names if k.endswith("rotary_emb.inv_freq")}
@@ -62,16 +61,6 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "float32",
              args.num_layers, sum(p.numel() for p in model.parameters()) / 1e6, shard, device,
              path)
     return model.eval()
-
-
-def _names(files: list[Path]) -> set[str]:
-    from safetensors import safe_open
-
-    names: set[str] = set()
-    for f in files:
-        with safe_open(str(f), framework="pt") as st:
-            names.update(st.keys())
-    return names
 
 
 def set_threads(model, threads: int = 0, share: int = 1) -> None:

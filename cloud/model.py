@@ -38,10 +38,6 @@ class Pass:
     positions: torch.Tensor  # [N] int64 RoPE positions
     seqs: list[SeqPass]  # per request: its pool rows and mask
 
-    @property
-    def nodes(self) -> int:
-        return self.ids.shape[0]
-
 
 def _same(x: torch.Tensor) -> torch.Tensor:
     return x

@@ -74,31 +74,15 @@ def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
 
 
 def _load_sharded(cfg: ServerConfig, path: Path, topo, metrics, on_failure):
-    """Rank 0 of a group: spawn the other ranks unless torchrun did, load this shard."""
-    from acespec.cloud.tensor_parallel import Leader, Topology
-    from acespec.cloud.tp_launch import load_rank, spawn_ranks, worker_args
+    """Rank 0 of a group (its ranks spawned here unless torchrun started them)."""
+    from acespec.cloud.tp_launch import check_kernels, start_leader
 
-    if cfg.kernels == "triton":
-        raise ValueError("--tp: tensor-parallel passes run the torch attention path; the "
-                         "Triton tree attention is not sharded (use --kernels torch or auto)")
-    children = []
-    if Topology.from_env() is None:
-        topo, children = spawn_ranks(topo, worker_args(str(path), cfg.dtype, cfg.device,
-                                                       cfg.threads))
-    try:
-        model = load_rank(path, cfg.dtype, topo.device(cfg.device), cfg.threads, topo)
-    except BaseException:
-        for child in children:  # they stop on the same error; never leave one behind
-            try:
-                child.wait(15)
-            except Exception:  # noqa: BLE001
-                child.kill()
-        raise
-    leader = Leader(model, topo.world, on_failure, children)
+    check_kernels(cfg.kernels, topo.world)
+    model = start_leader(path, topo, cfg.dtype, cfg.device, cfg.threads, on_failure)
     log.warning("tensor parallelism: %d ranks (%s), torch attention path; rank 0 serves",
                 topo.world, "gloo" if model.device.type == "cpu" else "nccl")
     if metrics:
-        metrics.allreduce_bytes.set_function(lambda: leader.reduce.bytes)
+        metrics.allreduce_bytes.set_function(lambda: model.tp.reduce.bytes)
     return model
 
 

@@ -70,22 +70,23 @@ def shard_slice(name: str, shape: tuple[int, ...], rank: int, n: int
 
 
 def read_shard(files: list[Path], names: set[str], rank: int, n: int, device: str
-               ) -> dict[str, torch.Tensor]:
-    """Only this rank's part of every tensor, read straight from the safetensors files (a
-    rank never holds the whole checkpoint)."""
+               ) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """Only this rank's part of every tensor in `names`, read straight from the safetensors
+    files (a rank never holds the whole checkpoint); and the names the files hold."""
     from safetensors import safe_open
 
-    state = {}
+    state, held = {}, set()
     for f in files:
         with safe_open(str(f), framework="pt", device=str(device)) as st:
             for name in st.keys():
+                held.add(name)
                 if name not in names:
                     continue
                 part = st.get_slice(name)
                 index = shard_slice(name, tuple(part.get_shape()), rank, n)
                 # A bias this rank must not add again: zeros (it is one vector).
                 state[name] = torch.zeros_like(part[:]) if index is None else part[index]
-    return state
+    return state, held
 
 
 def fingerprint(path: Path, files: list[Path]) -> str:

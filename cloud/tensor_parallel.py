@@ -94,12 +94,10 @@ class AllReduce:
 
     def __init__(self) -> None:
         self.bytes = 0  # payload bytes this rank contributed, since start
-        self.calls = 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(x)
         self.bytes += x.numel() * x.element_size()
-        self.calls += 1
         return x
 
 
@@ -112,9 +110,7 @@ class Leader:
     """Rank 0's side: sends each pass (and the pool's ops) before running it, pings while
     idle, and reports a lost rank once through on_failure(reason)."""
 
-    def __init__(self, model, world: int, on_failure: Callable[[str], None] | None = None,
-                 children=()):
-        self.world, self.model = world, model
+    def __init__(self, model, on_failure: Callable[[str], None] | None = None, children=()):
         self.reduce = AllReduce()
         attach(model, self.reduce)
         self.on_failure = on_failure
@@ -155,19 +151,16 @@ class Leader:
             self.passes += 1
             self._last = time.monotonic()
 
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def stop(self) -> None:
         """Tell the other ranks to exit, wait for the ones this process started."""
+        from acespec.cloud.tp_launch import reap
+
         self._stop.set()
         with self._lock:
             if self.broken is None:
                 with contextlib.suppress(Exception):
                     self._send(("stop",))
-        for child in self.children:
-            try:
-                child.wait(timeout_s)
-            except Exception:  # noqa: BLE001 - a rank that does not leave is killed
-                child.kill()
-                child.wait()
+        reap(self.children)
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
 

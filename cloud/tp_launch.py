@@ -95,32 +95,60 @@ def load_rank(path: str | Path, dtype: str, device: str, threads: int, topo: Top
     return model
 
 
+def check_kernels(kernels: str, world: int) -> None:
+    """ValueError (one line) for kernels a group of `world` ranks cannot run."""
+    if world > 1 and kernels == "triton":
+        raise ValueError(f"--tp {world} with --kernels triton: tensor-parallel passes run the "
+                         "torch attention path (the Triton tree attention is not sharded); "
+                         "use --kernels torch or auto")
+
+
+def start_leader(path: str | Path, topo: Topology, dtype: str, device: str, threads: int,
+                 on_failure=None):
+    """Rank 0 of a group: start ranks 1..N-1 here unless torchrun did (topo from the
+    environment), load this rank's shard and lead the others. The sharded model; the
+    ranks this process started are reaped if loading fails."""
+    from acespec.cloud.tensor_parallel import Leader
+
+    children = []
+    if Topology.from_env() is None:
+        topo, children = spawn_ranks(topo, worker_args(str(path), dtype, device, threads))
+    try:
+        model = load_rank(path, dtype, topo.device(device), threads, topo)
+    except BaseException:
+        reap(children)  # they stop on the same error
+        raise
+    Leader(model, on_failure, children)
+    return model
+
+
+def reap(children: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
+    """Wait for ranks this process started; kill one that does not leave."""
+    for child in children:
+        try:
+            child.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
 @contextlib.contextmanager
 def local_group(path: str | Path, n: int, dtype: str = "float32", device: str = "cpu",
                 threads: int = 0, on_failure=None):
     """This process as rank 0 of n ranks on this machine (the others spawned), yielding
     the sharded model; the ranks are stopped after (profiles and tests; `cloud serve --tp`
-    does the same around a server)."""
-    from acespec.cloud.tensor_parallel import Leader
-
+    starts its group the same way, around a server)."""
     saved = torch.get_num_threads()
-    topo, children = spawn_ranks(Topology(0, n, 0),
-                                 worker_args(str(path), dtype, device, threads))
-    leader = None
     try:
-        model = load_rank(path, dtype, topo.device(device), threads, topo)
-        leader = Leader(model, n, on_failure, children)
+        model = start_leader(path, Topology(0, n, 0), dtype, device, threads, on_failure)
+    except BaseException:
+        torch.set_num_threads(saved)
+        raise
+    try:
         yield model
     finally:
         torch.set_num_threads(saved)
-        if leader is not None:
-            leader.stop()
-        for child in children:  # never leave one behind (a failed start stops them too)
-            try:
-                child.wait(15)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        model.tp.stop()
 
 
 def serve_rank(path: str, dtype: str, device: str, threads: int, topo: Topology) -> int:

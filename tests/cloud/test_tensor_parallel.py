@@ -28,8 +28,8 @@ from acespec.cloud.decided import ROOT  # noqa: E402
 from acespec.cloud.engine import Engine, Limits  # noqa: E402
 from acespec.cloud.loader import load_model  # noqa: E402
 from acespec.cloud.model import Request  # noqa: E402
-from acespec.cloud.tensor_parallel import GroupLost, Leader, Topology  # noqa: E402
-from acespec.cloud.tp_launch import load_rank, local_group, spawn_ranks, worker_args  # noqa: E402
+from acespec.cloud.tensor_parallel import GroupLost  # noqa: E402
+from acespec.cloud.tp_launch import local_group  # noqa: E402
 from acespec.models import DEMO_TARGET  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
@@ -118,26 +118,15 @@ def test_tp3_on_smollm2_scores_as_tp1(smollm2_cache):
 
 def test_a_lost_rank_is_reported_once_and_fails_passes_at_once():
     reasons = []
-    topo, children = spawn_ranks(Topology(0, 2, 0),
-                                 worker_args(str(DEMO_TARGET), "float32", "cpu", 1))
-    threads = torch.get_num_threads()
-    try:
-        model = load_rank(DEMO_TARGET, "float32", "cpu", 1, topo)
-        leader = Leader(model, 2, reasons.append, children)
+    with local_group(DEMO_TARGET, 2, threads=1, on_failure=reasons.append) as model:
         cache = model.new_cache()
         model.forward([1, 2, 3], cache)
-        children[0].kill()
-        children[0].wait()
+        rank1 = model.tp.children[0]
+        rank1.kill()
+        rank1.wait()
         with pytest.raises(GroupLost, match="rank 1 exited"):
             model.forward([4], cache)
         with pytest.raises(GroupLost, match="rank 1 exited"):  # every later pass, at once
             model.forward([5], cache)
         assert GroupLost.code == "UNAVAILABLE"  # the edge re-opens elsewhere
-        assert len(reasons) == 1 and leader.broken == reasons[0]
-        leader.stop()
-    finally:
-        torch.set_num_threads(threads)
-        for c in children:
-            if c.poll() is None:
-                c.kill()
-            c.wait()
+        assert len(reasons) == 1 and model.tp.broken == reasons[0]
