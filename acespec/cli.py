@@ -55,7 +55,7 @@ def _add_models(sub) -> None:
                    help="output folder (default: %(default)s)")
     s.add_argument("--work", default="runs/build-smollm2-drafter",
                    help="corpus, teacher and checkpoints (default: %(default)s)")
-    s.add_argument("--preset", default="smollm2", choices=["smollm2", "tiny"],
+    s.add_argument("--preset", default="smollm2", choices=["smollm2", "smollm2-8", "tiny", "tiny-2"],
                    help="'smollm2' (~2 h on two cores: 20 min per corpus stage, ~1 h "
                    "training) or 'tiny' (a minute, for tests)")
     s.add_argument("--minutes", type=float,

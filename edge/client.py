@@ -114,12 +114,14 @@ class CloudSession:
         self.session_id = self.model_id = ""
         self.max_live_nodes = 0
         self.bytes_up = self.bytes_down = 0  # message bytes + 14 B framing each (estimate)
+        self.messages_up = 0  # uplink messages written
         self.server_s = 0.0  # the last Scores' time at the verifier (queue + pass), seconds
         self.grows = False  # the verifier takes Grow (tree) messages in decided sessions
         self._half_closed = False
 
     async def _write(self, msg: pb.Uplink) -> None:
         self.bytes_up += msg.ByteSize() + FRAMING
+        self.messages_up += 1
         try:
             await self._call.write(msg)
         except asyncio.InvalidStateError:  # the verifier ended the stream while we wrote

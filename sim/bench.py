@@ -302,6 +302,7 @@ def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
                                         max(1, sum(r["cache_rejections"] for r in rs)), 3),
                 "wire_bytes_up_per_token": round(sum(r["wire_bytes_up"] for r in rs) / tok, 2),
                 "wire_bytes_down_per_token": round(sum(r["wire_bytes_down"] for r in rs) / tok, 2),
+                "up_messages_per_token": round(sum(r.get("messages_up", 0) for r in rs) / tok, 3),
                 "target_forwards_per_token": round(sum(r["target_forwards"] for r in rs) / tok, 3),
                 **_idle(rs), **_same_as_ar(records, rs),
             }

@@ -65,6 +65,7 @@ class Stats:
     target_forwards: int = 0  # scoring passes the verifier ran for this request
     wire_bytes_up: int = 0  # protobuf + gRPC/HTTP2 data framing, per message
     wire_bytes_down: int = 0
+    messages_up: int = 0  # uplink messages (each costs its gRPC/HTTP2 framing)
     reconnects: int = 0
     more_tail: int = 0
     seconds: float = 0.0
@@ -137,6 +138,7 @@ class Stats:
                 "wire_bytes_up": self.wire_bytes_up, "wire_bytes_down": self.wire_bytes_down,
                 "wire_bytes_up_per_token": round(self.wire_bytes_up / t, 2),
                 "wire_bytes_down_per_token": round(self.wire_bytes_down / t, 2),
+                "messages_up": self.messages_up,
                 "reconnects": self.reconnects, "more_tail": self.more_tail,
                 "rtt_ms": round(1000 * float(np.median(self.round_trips)), 2)
                 if self.round_trips else None,

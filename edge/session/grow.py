@@ -17,6 +17,7 @@ import time
 
 from acespec.edge.client import CloudSession
 from acespec.edge.session.decided import DecidedSession
+from acespec.edge.session.pacing import until_due
 from acespec.edge.session.runner import Runner
 from acespec.edge.speculation.calibration import TimingModel
 from acespec.edge.speculation.grow_tree import (
@@ -41,6 +42,11 @@ MESSAGE_BYTES = 54.0  # gRPC and HTTP/2 framing of one uplink message
 MISS_PASSES = 2.0
 BRANCH_SHARE = 0.5  # guessed branches may hold this share of the window
 SLOW_LINK_BPS = 50e3  # assumed until the link is measured: the slow case we design for
+# Uplink pacing (acespec.edge.session.pacing): a message aims at a verifier pass start
+# with this share of a pass to spare; before the verifier's clock is known, messages go at
+# most PACE_SHARE of a pass apart.
+DUE_MARGIN = 0.4
+PACE_SHARE = 0.5
 
 
 class GrowDriver(DecidedSession):
@@ -60,18 +66,51 @@ class GrowDriver(DecidedSession):
         # or late as it; a late guess saves the verifier nothing.
         self.timing = TimingModel()
         self.pass_tokens = 1.0  # tokens the verifier decides per pass (smoothed)
+        self.last_send: float | None = None  # perf_counter() of the last uplink message
+        self.aimed: float | None = None  # the verifier pass start it was sent for (pacing)
 
     async def work(self) -> bool:
-        """One growth step (sending once a message's worth is ready), or the last nodes."""
-        if await self._grow_step():
-            if len(self.tree.unsent) >= max(SEND_BATCH, self._chunk()) or \
-                    self._line_lead(sent=True) < self._chunk():
-                await self._send()
-            return True
-        if self._sendable():
+        """One growth step, then the unsent nodes in one message once it is due (see
+        acespec.edge.session.pacing); with nothing to grow, the wait until it is due (the
+        downlink read meanwhile), then the message."""
+        grew = await self._grow_step()
+        if self._sendable() and self._due() <= self.run.draft_s:  # another step: too late
             await self._send()
             return True
+        if grew:
+            return True
+        if self._sendable():
+            await self._pause(self._due())
+            return True
         return False
+
+    def _due(self) -> float:
+        """Seconds until the unsent nodes must go up to make the verifier's next pass start
+        (<= 0: now). Before the link and the verifier's clock are known: PACE_SHARE of a
+        pass after the last message."""
+        return self._clock()[0]
+
+    def _clock(self) -> tuple[float, float | None]:
+        """(_due, the pass start a message sent then makes: None before the clock is known)."""
+        now, link = time.perf_counter(), self.run.link
+        if self.last_send is None:
+            return 0.0, None
+        if not link.ready or self.last_decided is None:
+            return self.last_send + PACE_SHARE * self.pass_s - now, None
+        bw, one_way, margin = link.bandwidth(), link.base_rtt() / 2, DUE_MARGIN * self.pass_s
+        send_s = (MESSAGE_BYTES + NODE_BYTES * len(self.tree.unsent)) / bw
+        return until_due(now, self.last_decided - one_way, self.pass_s, one_way + send_s + margin,
+                         0.5 * margin, self.aimed)
+
+    async def _pause(self, wait: float) -> None:
+        """Wait up to `wait` s for the downlink; a message arriving is applied at once (it
+        may kill unsent nodes: they then never go up)."""
+        if wait <= 0:
+            return
+        try:
+            self._take(await asyncio.wait_for(self.inbox.get(), wait))
+        except asyncio.TimeoutError:
+            pass
 
     # -- growth -------------------------------------------------------------------
 
@@ -306,6 +345,7 @@ class GrowDriver(DecidedSession):
             n.nid = first + i
         parents = [ROOT if n.parent is None or n.parent is tree.root else n.parent.nid
                    for n in nodes]
+        self.last_send, self.aimed = time.perf_counter(), self._clock()[1]
         await self.guarded(self.sess.grow(tree.end, [n.token for n in nodes], parents))
         for n in nodes:
             n.sent_in, n.lead = len(self.sent), n.position - tree.end

@@ -42,7 +42,7 @@ class Runner:
         self.finished = False
         self.connected = False  # a verifier answered at least once (resume, not fail fast)
         self._sess: CloudSession | None = None  # the live session (for live byte counts)
-        self._base_bytes = (0, 0)
+        self._base_bytes = (0, 0, 0)
 
     @property
     def context(self) -> list[int]:
@@ -58,7 +58,9 @@ class Runner:
 
     def attach(self, sess: CloudSession) -> None:
         """Count this session's wire bytes on top of the earlier attempts'."""
-        self._sess, self._base_bytes = sess, (self.stats.wire_bytes_up, self.stats.wire_bytes_down)
+        self._sess = sess
+        self._base_bytes = (self.stats.wire_bytes_up, self.stats.wire_bytes_down,
+                            self.stats.messages_up)
 
     def detach(self) -> None:
         self._sync_bytes()
@@ -68,6 +70,7 @@ class Runner:
         if self._sess is not None:
             self.stats.wire_bytes_up = self._base_bytes[0] + self._sess.bytes_up
             self.stats.wire_bytes_down = self._base_bytes[1] + self._sess.bytes_down
+            self.stats.messages_up = self._base_bytes[2] + self._sess.messages_up
 
     # -- committed text -------------------------------------------------------------
 

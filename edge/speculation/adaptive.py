@@ -33,12 +33,14 @@ class LinkEstimate:
     server: deque = field(default_factory=lambda: deque(maxlen=24))  # verifier time, s
     arrivals: deque = field(default_factory=lambda: deque(maxlen=16))  # (time, down bytes)
     _bw: float | None = None  # bandwidth() of the current samples (the fit is not free)
+    floor: float = float("inf")  # the session's least network time of an exchange, s
 
     def observe(self, bytes_up: int, bytes_down: int, rtt_s: float, server_s: float,
                 now: float | None = None) -> None:
         """One Extend's exchange: its round trip, the verifier's own time in it (queue +
         pass, from the Scores), the bytes of both messages and the Scores' arrival time."""
         self.samples.append((float(bytes_up + bytes_down), max(0.0, rtt_s - server_s)))
+        self.floor = min(self.floor, self.samples[-1][1])
         self._bw = None
         self.server.append(float(server_s))
         if now is not None:
@@ -85,11 +87,21 @@ class LinkEstimate:
         keep = np.ones(len(b), bool)
         for _ in range(3):
             if keep.sum() < 3 or np.ptp(b[keep]) < 8:
-                return 1e9
+                return self._floor_rate(b, t)
             slope, icpt = np.polyfit(b[keep], t[keep], 1)
             resid = t - (slope * b + icpt)
             keep = resid <= np.median(resid[keep])
-        return float(np.clip(1.0 / slope, 1e3, 1e9)) if slope > 1e-9 else 1e9
+        return float(np.clip(1.0 / slope, 1e3, 1e9)) if slope > 1e-9 else self._floor_rate(b, t)
+
+    def _floor_rate(self, b: np.ndarray, t: np.ndarray) -> float:
+        """Where the envelope cannot tell (messages of near-equal size spaced out in time, as
+        a paced uplink sends, rarely queue and barely differ): each exchange's bytes over its
+        network time above the session's fastest exchange (`floor`: the propagation delay
+        and little else), the 75th percentile over the recent exchanges (the least delayed;
+        1e9 for one no slower than the floor)."""
+        d = t - self.floor
+        rates = np.where(d > 1e-4, b / np.maximum(d, 1e-4), 1e9)
+        return float(np.clip(np.percentile(rates, 75), 1e3, 1e9))
 
 
 @dataclass(frozen=True)

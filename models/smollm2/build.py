@@ -53,6 +53,8 @@ class ExitPreset:
     eval_new: int = 128
     depths: tuple[int, ...] = (2, 4, 8)
     n_seq: int = 16  # llama.cpp sequences decoded side by side
+    ckpt: str = "drafter.ckpt"  # the training checkpoint's name in the work folder
+    grow_from: str | None = None  # a shallower preset this one starts from (see grow)
 
 
 PRESETS = {
@@ -61,6 +63,11 @@ PRESETS = {
         answer_minutes=55.0,
         train=TrainConfig(steps=720, batch=8, seq_len=512, lr=5e-4, min_lr_frac=0.1, warmup=15,
                           weight_decay=0.0, ckpt_every=20, log_every=5)),
+    # The trained 6 layers and 2 more (the target's 7th and 8th, added as no-ops), trained on.
+    "smollm2-8": ExitPreset(
+        layers=8, ckpt="drafter-8.ckpt", grow_from="smollm2",
+        train=TrainConfig(steps=400, batch=8, seq_len=512, lr=3e-4, min_lr_frac=0.1, warmup=10,
+                          weight_decay=0.0, ckpt_every=10, log_every=5)),
     # Seconds: every stage on a handful of chats (for the test).
     "tiny": ExitPreset(
         layers=1, train=TrainConfig(steps=4, batch=2, seq_len=64, warmup=1, ckpt_every=2,
@@ -69,6 +76,7 @@ PRESETS = {
         max_new=8,
         eval_per_category=1, eval_new=8, depths=(2,), n_seq=4),
 }
+PRESETS["tiny-2"] = replace(PRESETS["tiny"], layers=2, ckpt="drafter-2.ckpt", grow_from="tiny")
 
 
 def _device():
@@ -146,26 +154,37 @@ def build_scored(target_dir: Path, target_gguf: Path, work: Path, preset: ExitPr
 
 
 def train_drafter(target_dir: Path, work: Path, preset: ExitPreset, seed: int):
-    """The drafter (acespec.cloud.model.Transformer), trained or resumed from work/."""
+    """The drafter (acespec.cloud.model.Transformer), trained or resumed from work/; a
+    preset grown from another starts from that one's trained drafter (trained first if its
+    checkpoint is missing)."""
     import torch
 
     from acespec.models.smollm2.corpus import load_chunks
     from acespec.models.smollm2.distill import Batches, TeacherData
-    from acespec.models.smollm2.teacher import cut_target
+    from acespec.models.smollm2.teacher import cut_target, grow
     from acespec.models.train import train
 
+    base = PRESETS[preset.grow_from] if preset.grow_from else None
+    if base is not None and not _finished(work / base.ckpt):
+        log.info("growing from preset %r: training it first", preset.grow_from)
+        train_drafter(target_dir, work, base, seed)
     parts = [load_chunks(work / d) for d in ("answers", "scored") if any((work / d).glob("chunk-*"))]
     teacher = TeacherData.from_chunks({k: np.concatenate([p[k] for p in parts])
                                        for k in ("ids", "lengths", "n_prompt", "top_ids", "top_p")})
     cfg, device = replace(preset.train, seed=seed), _device()
     torch.set_num_threads(cfg.threads)
-    model = cut_target(target_dir, preset.layers).to(device)
+    model = cut_target(target_dir, preset.layers)
+    if base is not None and not (work / preset.ckpt).is_file():
+        grow(model, torch.load(work / base.ckpt, weights_only=False, map_location="cpu")["model"])
+        log.info("%d layers: the first %d and the final norm from %s, the rest added as no-ops",
+                 preset.layers, base.layers, base.ckpt)
+    model = model.to(device)
     model.model.embed_tokens.weight.requires_grad_(False)  # tied head: the target's own
     batches = Batches(teacher, cfg, device=device)
     log.info("training on %s: %d sequences, %d tokens (%d answer tokens), %d batches per epoch",
              device, len(teacher.lengths), len(teacher.ids),
              int((teacher.lengths - teacher.n_prompt).sum()), len(batches.buckets))
-    return train(model.args, cfg, np.zeros(8, np.uint16), work / "drafter.ckpt", label="drafter",
+    return train(model.args, cfg, np.zeros(8, np.uint16), work / preset.ckpt, label="drafter",
                  loss_fn=batches.loss, batches=batches, model=model, forward=batches.forward)
 
 
@@ -230,7 +249,7 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
     _timed(work, "eval", lambda: build_eval(target_gguf, work, preset, seed))
     _timed(work, "answers", lambda: build_answers(target_gguf, work, preset, seed))
     _timed(work, "scored", lambda: build_scored(target_dir, target_gguf, work, preset, seed))
-    model = _timed(work, "train", lambda: train_drafter(target_dir, work, preset, seed)).cpu()
+    model = _timed(work, f"train {preset_name}", lambda: train_drafter(target_dir, work, preset, seed)).cpu()
     files = {ft: export_gguf(model, None, out / f"drafter-{ft}.gguf", ftype=ft,
                              name="acespec-smollm2-drafter", context_length=8192,
                              tokenizer_gguf=target_gguf) for ft in ("f16", "q8_0")}
@@ -240,7 +259,7 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
     card = {
         "kind": "exit", "preset": preset_name, "seed": seed, "layers": preset.layers,
         "drafter": asdict(model.args), "train": asdict(replace(preset.train, seed=seed)),
-        "train_sittings": _sittings(work / "drafter.ckpt"),
+        "train_sittings": _sittings(work / preset.ckpt), "grown_from": preset.grow_from,
         "params": sum(p.numel() for p in model.parameters()),
         "trained_params": sum(p.numel() for n, p in model.named_parameters()
                               if "embed_tokens" not in n),
@@ -257,6 +276,16 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
 
     write_card(out, card)
     return card
+
+
+def _finished(ckpt: Path) -> bool:
+    """A checkpoint that ran all the steps its config asked for."""
+    import torch
+
+    if not ckpt.is_file():
+        return False
+    state = torch.load(ckpt, weights_only=False, map_location="cpu")
+    return state["step"] >= state["config"]["steps"]
 
 
 def _sittings(ckpt: Path) -> list[int]:
@@ -302,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
         _timed(work, "scored", lambda: build_scored(paths["target"], paths["gguf"], work, preset,
                                                     a.seed, a.minutes))
     elif a.stage == "train":
-        _timed(work, "train", lambda: train_drafter(paths["target"], work, preset, a.seed))
+        _timed(work, f"train {a.preset}", lambda: train_drafter(paths["target"], work, preset, a.seed))
     else:
         print(json.dumps(build(paths["target"], paths["gguf"], Path(a.out), work, a.preset,
                                a.seed)["greedy_acceptance"]))

@@ -38,6 +38,24 @@ def cut_target(target_dir: Path, layers: int) -> Transformer:
 
 
 @torch.no_grad()
+def grow(model: Transformer, trained: dict[str, torch.Tensor]) -> None:
+    """Start a deeper cut from a trained shallower one (its state dict): its layers and final
+    norm are loaded, and each further layer (the target's own) gets zero output projections
+    (o_proj, down_proj), so it adds nothing to the residual stream until trained: the grown
+    model computes exactly what the trained one does."""
+    n = 1 + max(int(k.split(".")[2]) for k in trained if k.startswith("model.layers."))
+    if n >= model.args.num_layers:
+        raise ValueError(f"cannot grow {n} trained layers into {model.args.num_layers}")
+    missing, unexpected = model.load_state_dict(trained, strict=False)
+    if unexpected or any(not k.startswith("model.layers.") or int(k.split(".")[2]) < n
+                         for k in missing):
+        raise ValueError(f"not a shallower cut of this model: {unexpected or missing}")
+    for layer in model.model.layers[n:]:
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+
+
+@torch.no_grad()
 def _match_logit_scale(full: Transformer, cut: Transformer, n: int = 256, seed: int = 0) -> None:
     """Scale the cut model's final norm so its logits spread as the target's do: the norm
     was tuned for the last layer's output, and after the first few layers it gives logits

@@ -247,3 +247,19 @@ def test_the_uplink_budget_follows_a_link_whose_rate_drops_mid_session(tiny_pair
           median(after, "uplink_budget_bytes"))
     assert 0.3 * 4000 < median(after, "bytes_per_s") < 3 * 4000  # 32 kbit/s = 4,000 B/s
     assert median(before, "uplink_budget_bytes") > 2 * median(after, "uplink_budget_bytes")
+
+
+def test_the_tree_sends_about_one_message_per_verifier_pass(tiny_pair, noisy_gguf):
+    """Uplink pacing (acespec.edge.session.pacing) through a real 50 kbit/s, 50 ms link:
+    the unsent nodes wait for the moment that makes the verifier's next pass start, so the
+    messages are about the passes (the first few, before the link is measured, go paced at
+    half a pass), far fewer than the nodes; the text stays cloud-only decoding's."""
+    model, tok, prompt, truth, drafter, _ = _slow_edge(tiny_pair, noisy_gguf, 0.0, 120, True)
+    cfg = EngineConfig(mode="acespec", depth=4, window=16, max_tokens=120)
+    out, stats = _generate(model, tok, prompt, drafter, cfg)
+    figures = stats.as_dict()
+    assert out == truth
+    passes, messages = figures["target_forwards"], figures["messages_up"]
+    assert passes > 20, figures
+    assert messages <= 1.15 * passes + 8, (messages, passes)
+    assert stats.verifier["drafts_received"] > 3 * messages, stats.verifier
