@@ -17,6 +17,16 @@ def _sittings(card: dict) -> str:
         " on the grown corpus, the longer schedule from where the last left off)"
 
 
+def _grown(card: dict) -> str:
+    """How a grown preset started, e.g. ' Grown from preset smollm2: ...' (empty if not)."""
+    base = card.get("grown_from")
+    if not base:
+        return ""
+    return (f"\n  Grown from preset `{base}` (built first when missing): its trained layers and "
+            "norm kept, the target's next layers added with zero output projections (so the "
+            "grown model starts as exactly the trained one), then all trained on.")
+
+
 def write_card(out: Path, card: dict, notes: str = "") -> Path:
     """out/README.md: what the drafter is, how it was built, its measured figures, and any
     hand-written `notes` (kept verbatim at the end)."""
@@ -67,7 +77,7 @@ checkpoint is converted from):
   as the target's do.
 - Training: {t['steps']} steps of {t['batch']} × {t['seq_len']} tokens, AdamW lr {t['lr']:g}
   cosine{_sittings(card)}, cross-entropy to the teacher's renormalised top-k at every position, sampled
-  softmax (the step's teacher tokens + 4,096 uniform negatives).
+  softmax (the step's teacher tokens + 4,096 uniform negatives).{_grown(card)}
 - Minutes on {platform.machine()} ({', '.join(f'{k} {v}' for k, v in m.items())}).
 """
     if notes:

@@ -106,3 +106,49 @@ def test_resume_skips_finished_stages(built, chat_cache):
     again = build(chat_cache / "smollm2" / "target", gguf, out / "out", out / "work", "tiny")
     assert again["greedy_acceptance"] == card["greedy_acceptance"]
     assert again["corpus"] == card["corpus"]
+
+
+def test_a_grown_cut_computes_what_the_trained_one_does(chat_cache):
+    """teacher.grow: a deeper cut started from a shallower (here: perturbed) one keeps its
+    layers and norm and adds the target's next layers with zero output projections, so its
+    logits equal the shallower model's; the rest of each added layer is the target's."""
+    import torch
+
+    from acespec.models.smollm2.teacher import cut_target, grow
+
+    target = chat_cache / "smollm2" / "target"
+    small = cut_target(target, 1)
+    with torch.no_grad():
+        for p in small.parameters():
+            p.add_(0.01 * torch.randn_like(p))  # "trained": no longer the target's weights
+    big = cut_target(target, 3)
+    grow(big, small.state_dict())
+    x = torch.randint(100, 49000, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(small.causal_logits(x), big.causal_logits(x))
+    full = cut_target(target, 3).state_dict()
+    for name, p in big.state_dict().items():
+        if name.startswith("model.layers.2.") and not name.endswith(("o_proj.weight",
+                                                                      "down_proj.weight")):
+            assert torch.equal(p, full[name]), name
+    with pytest.raises(ValueError, match="cannot grow 3 trained layers into 3"):
+        grow(big, big.state_dict())
+
+
+def test_a_grown_preset_trains_on_from_its_base(built, chat_cache):
+    """Preset tiny-2 grows the tiny build's trained layer: it starts from that checkpoint
+    (its own checkpoint beside it), trains its steps, and the card says what it grew from."""
+    import torch
+
+    from acespec.models.smollm2.build import PRESETS, build
+
+    gguf, out, _, _ = built
+    card = build(chat_cache / "smollm2" / "target", gguf, out / "out2", out / "work", "tiny-2")
+    assert card["layers"] == 2 and card["drafter"]["num_layers"] == 2
+    assert card["grown_from"] == "tiny"
+    state = torch.load(out / "work" / PRESETS["tiny-2"].ckpt, weights_only=False)
+    assert state["step"] == PRESETS["tiny-2"].train.steps
+    base = torch.load(out / "work" / PRESETS["tiny"].ckpt, weights_only=False)["model"]
+    assert not torch.equal(state["model"]["model.layers.0.self_attn.q_proj.weight"],
+                           base["model.layers.0.self_attn.q_proj.weight"])  # trained on
+    assert (out / "out2" / "drafter-q8_0.gguf").is_file()
