@@ -11,8 +11,6 @@ can leave and still make the next pass start, then sends everything it has in on
 
 from __future__ import annotations
 
-import math
-
 
 def until_due(now: float, pass_end: float, pass_s: float, lead_s: float, late_s: float,
               aimed: float | None = None) -> tuple[float, float]:
