@@ -42,10 +42,12 @@ MESSAGE_BYTES = 54.0  # gRPC and HTTP/2 framing of one uplink message
 MISS_PASSES = 2.0
 BRANCH_SHARE = 0.5  # guessed branches may hold this share of the window
 SLOW_LINK_BPS = 50e3  # assumed until the link is measured: the slow case we design for
-# Uplink pacing (acespec.edge.session.pacing): a message aims at a verifier pass start
-# with this share of a pass to spare; before the verifier's clock is known, messages go at
-# most PACE_SHARE of a pass apart.
+# Uplink pacing (acespec.edge.session.pacing): the message for a verifier pass start S may
+# leave from DUE_MARGIN of a pass before the last moment that still reaches S (S less the
+# one-way delay and its serialisation) until DUE_SAFETY of a pass before that moment; before
+# the verifier's clock is known, messages go at most PACE_SHARE of a pass apart.
 DUE_MARGIN = 0.4
+DUE_SAFETY = 0.1
 PACE_SHARE = 0.5
 
 
@@ -100,7 +102,7 @@ class GrowDriver(DecidedSession):
         bw, one_way, margin = link.bandwidth(), link.base_rtt() / 2, DUE_MARGIN * self.pass_s
         send_s = (MESSAGE_BYTES + NODE_BYTES * len(self.tree.unsent)) / bw
         return until_due(now, self.last_decided - one_way, self.pass_s, one_way + send_s + margin,
-                         0.5 * margin, self.aimed)
+                         margin - DUE_SAFETY * self.pass_s, self.aimed)
 
     async def _pause(self, wait: float) -> None:
         """Wait up to `wait` s for the downlink; a message arriving is applied at once (it
