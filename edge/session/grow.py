@@ -31,7 +31,6 @@ from acespec.edge.speculation.grow_tree import (
 )
 
 ROOT = -1
-SEND_BATCH = 6  # nodes per Grow message while more growth follows (framing costs ~20 B)
 REACT_SHARE = 0.5  # a line chunk drafts for at most this share of a verifier pass
 RAMP = 2  # fewest drafts in the line's first chunk after a miss (the chunks then double)
 NODE_PASS_S = 5e-4  # what one more node adds to a verifier pass (the 40,0.5 profile)
@@ -76,24 +75,19 @@ class GrowDriver(DecidedSession):
         acespec.edge.session.pacing); with nothing to grow, the wait until it is due (the
         downlink read meanwhile), then the message."""
         grew = await self._grow_step()
-        if self._sendable() and self._due() <= self.run.draft_s:  # another step: too late
-            await self._send()
-            return True
-        if grew:
-            return True
-        if self._sendable():
-            await self._pause(self._due())
-            return True
-        return False
-
-    def _due(self) -> float:
-        """Seconds until the unsent nodes must go up to make the verifier's next pass start
-        (<= 0: now). Before the link and the verifier's clock are known: PACE_SHARE of a
-        pass after the last message."""
-        return self._clock()[0]
+        if not self._sendable():
+            return grew
+        due, start = self._clock()
+        if due <= self.run.draft_s:  # after another growth step it would be too late
+            await self._send(start)
+        elif not grew:
+            await self._pause(due)
+        return True
 
     def _clock(self) -> tuple[float, float | None]:
-        """(_due, the pass start a message sent then makes: None before the clock is known)."""
+        """(seconds until the unsent nodes must go up to make the verifier's next pass start,
+        <= 0: now; that pass start, None before the verifier's clock is known). Before the
+        link and the clock are known: PACE_SHARE of a pass after the last message."""
         now, link = time.perf_counter(), self.run.link
         if self.last_send is None:
             return 0.0, None
@@ -184,11 +178,10 @@ class GrowDriver(DecidedSession):
         n = max(RAMP, int(self._advance(n)) + 2)  # the chunk's own delay: refined once
         return min(n, self.window)
 
-    def _line_lead(self, sent: bool = False) -> int:
-        """Drafted line nodes beyond the committed text (only those uploaded, if sent)."""
-        unsent = {id(n) for n in self.tree.unsent} if sent else set()
+    def _line_lead(self) -> int:
+        """Drafted line nodes beyond the committed text."""
         n, lead = self.tree.root.draft, 0
-        while n is not None and id(n) not in unsent:
+        while n is not None:
             n, lead = n.draft, lead + 1
         return lead
 
@@ -334,9 +327,10 @@ class GrowDriver(DecidedSession):
 
     # -- uplink ---------------------------------------------------------------------
 
-    async def _send(self) -> None:
+    async def _send(self, aimed: float | None) -> None:
         """Upload the unsent nodes (parents first) as one Grow, anchored at the committed
-        end: a child of the root hangs off the decided text there."""
+        end: a child of the root hangs off the decided text there. aimed: the verifier pass
+        start it is sent for (_clock)."""
         tree, first = self.tree, self.sess.next_id
         held = self._held()
         nodes = [n for n in tree.unsent if id(n) not in held]
@@ -347,7 +341,7 @@ class GrowDriver(DecidedSession):
             n.nid = first + i
         parents = [ROOT if n.parent is None or n.parent is tree.root else n.parent.nid
                    for n in nodes]
-        self.last_send, self.aimed = time.perf_counter(), self._clock()[1]
+        self.last_send, self.aimed = time.perf_counter(), aimed
         await self.guarded(self.sess.grow(tree.end, [n.token for n in nodes], parents))
         for n in nodes:
             n.sent_in, n.lead = len(self.sent), n.position - tree.end

@@ -164,18 +164,21 @@ def train_drafter(target_dir: Path, work: Path, preset: ExitPreset, seed: int):
     from acespec.models.smollm2.teacher import cut_target, grow
     from acespec.models.train import train
 
-    base = PRESETS[preset.grow_from] if preset.grow_from else None
-    if base is not None and not _finished(work / base.ckpt):
+    # A grown preset needs its base only to start: once its own checkpoint exists it resumes.
+    starting = preset.grow_from is not None and not (work / preset.ckpt).is_file()
+    base = PRESETS[preset.grow_from] if starting else None
+    start = None if base is None else _finished_state(work / base.ckpt)
+    if base is not None and start is None:
         log.info("growing from preset %r: training it first", preset.grow_from)
-        train_drafter(target_dir, work, base, seed)
+        start = train_drafter(target_dir, work, base, seed).state_dict()
     parts = [load_chunks(work / d) for d in ("answers", "scored") if any((work / d).glob("chunk-*"))]
     teacher = TeacherData.from_chunks({k: np.concatenate([p[k] for p in parts])
                                        for k in ("ids", "lengths", "n_prompt", "top_ids", "top_p")})
     cfg, device = replace(preset.train, seed=seed), _device()
     torch.set_num_threads(cfg.threads)
     model = cut_target(target_dir, preset.layers)
-    if base is not None and not (work / preset.ckpt).is_file():
-        grow(model, torch.load(work / base.ckpt, weights_only=False, map_location="cpu")["model"])
+    if base is not None:
+        grow(model, start)
         log.info("%d layers: the first %d and the final norm from %s, the rest added as no-ops",
                  preset.layers, base.layers, base.ckpt)
     model = model.to(device)
@@ -249,7 +252,8 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
     _timed(work, "eval", lambda: build_eval(target_gguf, work, preset, seed))
     _timed(work, "answers", lambda: build_answers(target_gguf, work, preset, seed))
     _timed(work, "scored", lambda: build_scored(target_dir, target_gguf, work, preset, seed))
-    model = _timed(work, f"train {preset_name}", lambda: train_drafter(target_dir, work, preset, seed)).cpu()
+    model = _timed(work, f"train {preset_name}",
+                   lambda: train_drafter(target_dir, work, preset, seed)).cpu()
     files = {ft: export_gguf(model, None, out / f"drafter-{ft}.gguf", ftype=ft,
                              name="acespec-smollm2-drafter", context_length=8192,
                              tokenizer_gguf=target_gguf) for ft in ("f16", "q8_0")}
@@ -278,14 +282,15 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
     return card
 
 
-def _finished(ckpt: Path) -> bool:
-    """A checkpoint that ran all the steps its config asked for."""
+def _finished_state(ckpt: Path) -> dict | None:
+    """The model state of a checkpoint that ran all the steps its config asked for (None if
+    there is none, or it stopped short)."""
     import torch
 
     if not ckpt.is_file():
-        return False
+        return None
     state = torch.load(ckpt, weights_only=False, map_location="cpu")
-    return state["step"] >= state["config"]["steps"]
+    return state["model"] if state["step"] >= state["config"]["steps"] else None
 
 
 def _sittings(ckpt: Path) -> list[int]:
@@ -331,7 +336,8 @@ def main(argv: list[str] | None = None) -> None:
         _timed(work, "scored", lambda: build_scored(paths["target"], paths["gguf"], work, preset,
                                                     a.seed, a.minutes))
     elif a.stage == "train":
-        _timed(work, f"train {a.preset}", lambda: train_drafter(paths["target"], work, preset, a.seed))
+        _timed(work, f"train {a.preset}",
+               lambda: train_drafter(paths["target"], work, preset, a.seed))
     else:
         print(json.dumps(build(paths["target"], paths["gguf"], Path(a.out), work, a.preset,
                                a.seed)["greedy_acceptance"]))
