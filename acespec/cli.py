@@ -55,11 +55,12 @@ def _add_models(sub) -> None:
                    help="output folder (default: %(default)s)")
     s.add_argument("--work", default="runs/build-smollm2-drafter",
                    help="corpus, teacher and checkpoints (default: %(default)s)")
-    s.add_argument("--preset", default="smollm2", choices=["smollm2", "smollm2-8", "tiny", "tiny-2"],
-                   help="'smollm2' (6 layers; ~2 h on two cores: 20 min per corpus stage, "
-                   "~1 h training), 'smollm2-8' (8 layers grown from smollm2's trained 6, "
-                   "which it builds first if missing; ~1 h more on one core), or 'tiny' / "
-                   "'tiny-2' (a minute, for tests)")
+    s.add_argument("--preset", default="smollm2-8",
+                   choices=["smollm2-8", "smollm2", "tiny", "tiny-2"],
+                   help="'smollm2-8' (the shipped drafter: 8 layers grown from smollm2's "
+                   "trained 6, which it builds first if missing; ~1 h more on one core), "
+                   "'smollm2' (6 layers; ~2 h on two cores: 20 min per corpus stage, ~1 h "
+                   "training), or 'tiny' / 'tiny-2' (a minute, for tests; default: %(default)s)")
     s.add_argument("--minutes", type=float,
                    help="this run's budget for the answers/scored stages (default: the preset's)")
     s.add_argument("--seed", type=int, default=0)

@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("stage", choices=["eval", "answers", "scored", "train", "all"])
     p.add_argument("--out", default="models/smollm2")
     p.add_argument("--work", default="runs/build-smollm2-drafter")
-    p.add_argument("--preset", default="smollm2", choices=sorted(PRESETS))
+    p.add_argument("--preset", default="smollm2-8", choices=sorted(PRESETS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--minutes", type=float, help="this run's budget for answers/scored")
     a = p.parse_args(argv)
