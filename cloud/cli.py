@@ -45,6 +45,12 @@ def add_parser(sub) -> None:
                    "N tokens the verifier proposes itself from the session's text (prompt "
                    "lookup); output is unchanged, only passes are saved; 0 turns it off "
                    "(default: %(default)s)")
+    s.add_argument("--gap-drafter", metavar="PATH", default="",
+                   help="a small drafter with the target's tokenizer (.gguf, e.g. the edge's "
+                   "own drafter file, or an HF checkpoint folder), run here with torch: in "
+                   "a pass no edge draft covers, it proposes the --propose tokens instead of "
+                   "prompt lookup. Output is unchanged; it costs its own decoding before "
+                   "each such pass (default: none)")
     s.add_argument("--idle-timeout", type=float, default=300.0, help="seconds (default: %(default)s)")
     s.add_argument("--write-timeout", type=number(float, 0, lo_open=True), default=30.0,
                    help="end a session whose client has read nothing for this many seconds "
@@ -191,7 +197,7 @@ def run_serve(args) -> int:
             auth_tokens=_tokens(args.auth_token_file), tls_cert=args.tls_cert,
             tls_key=args.tls_key, metrics_port=args.metrics_port,
             emulation=StepEmulation.parse(args.emulate_step_ms), grace_s=args.grace,
-            kernels=args.kernels, tp=topo.world if topo else 1)
+            kernels=args.kernels, tp=topo.world if topo else 1, gap_drafter=args.gap_drafter)
         asyncio.run(serve(cfg))
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"acespec cloud serve: error: {e}", file=sys.stderr)

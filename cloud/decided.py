@@ -75,6 +75,7 @@ class DecidedCounts:
     lone_tokens: int = 0  # tokens those passes decided
     proposed: int = 0  # the verifier's own proposals scored (in lone passes)
     proposed_accepted: int = 0  # ... that the walk took
+    gap_s: float = 0.0  # seconds the gap drafter spent drafting this session's proposals
 
     def dead_skipped(self) -> int:
         """Drafts never scored nor settled by comparison: behind a rejection, contradicted
@@ -118,6 +119,8 @@ class DecidedSession:
         self._base = 0  # the KV slot of the pass's first input
         self.walked: list[int] = []  # pass indices of the nodes the last walk accepted
         self._lone = False  # the pass in flight had no edge draft at the decided end
+        self.proposal_room = 0  # proposals the planned (lone) pass still has room for
+        self.gap = None  # the gap drafter's state for this session (acespec.cloud.gap), if any
         self.acked, self.acked_at = 0, 0.0  # uplink messages applied; the last one's arrival
 
     @property
@@ -217,9 +220,11 @@ class DecidedSession:
 
     # -- passes -----------------------------------------------------------------
 
-    def plan_pass(self) -> list[int]:
+    def plan_pass(self, lookup_proposals: bool = True) -> list[int]:
         """Tokens of the next pass: the last decided token (not in the KV yet), then the
-        pending tree in id order (parents first), within the pass and context limits."""
+        pending tree in id order (parents first), within the pass and context limits. A pass
+        no draft covers has room for `proposal_room` of the verifier's own proposals: prompt
+        lookup fills it here unless the caller brings its own (add_proposals: a gap drafter)."""
         reach = min(self.limits.context - 1,
                     self.prompt_len + self.limits.max_tokens - 1)  # last position worth scoring
         fed: dict[int, int] = {}  # node id -> index in the pass
@@ -231,25 +236,29 @@ class DecidedSession:
                 fed[nid] = len(fed)
         self._in_pass = list(fed)
         self._lone = not fed  # a pending node with a decided parent sits at the decided end
-        if self._lone:
-            self._in_pass += self._propose(min(reach - self.end,
-                                               self.limits.pass_nodes - len(fed)))
-        return [self.tokens[-1]] + [self.nodes[i].token for i in self._in_pass]
+        self.proposal_room = (max(0, min(self.limits.propose, reach - self.end,
+                                         self.limits.pass_nodes - len(fed)))
+                              if self._lone else 0)
+        if lookup_proposals and self.proposal_room:
+            self.add_proposals(lookup(self.tokens, self.proposal_room,
+                                      self.limits.propose_min_n))
+        return self.pass_tokens()
 
-    def _propose(self, room: int) -> list[int]:
-        """The verifier's own chain for a pass no draft covers: what followed the latest
-        earlier occurrence of the text's last n-gram (acespec.shared.lookup). Its verdicts
-        are decided like any draft's, so output is unchanged; it only saves passes."""
-        k = min(self.limits.propose, room)
-        if k <= 0:
-            return []
-        ids, parent = [], ROOT
-        for i, t in enumerate(lookup(self.tokens, k, self.limits.propose_min_n)):
+    def add_proposals(self, tokens: Sequence[int]) -> None:
+        """The verifier's own chain for the planned lone pass, from the decided end (prompt
+        lookup or a gap drafter; at most proposal_room tokens). Its verdicts are decided like
+        any draft's, so output is unchanged; it only saves passes."""
+        parent = ROOT
+        for i, t in enumerate(tokens[:self.proposal_room]):
             nid = ROOT - 1 - i
             self.nodes[nid] = Claim(int(t), parent, self.end + i, proposed=True)
-            ids.append(nid)
+            self._in_pass.append(nid)
             parent = nid
-        return ids
+        self.proposal_room = 0
+
+    def pass_tokens(self) -> list[int]:
+        """The planned pass's inputs [1 + n]: the last decided token, then the fed nodes."""
+        return [self.tokens[-1]] + [self.nodes[i].token for i in self._in_pass]
 
     def pass_parents(self, base: int) -> list[int]:
         """KV parent slots [1 + n] of the planned pass, its first input at slot `base`."""

@@ -22,6 +22,7 @@ from acespec.cloud.errors import (
     OutOfRange,
     ResourceExhausted,
 )
+from acespec.cloud.gap import GapDrafter
 from acespec.cloud.model import Request, Transformer
 from acespec.cloud.session import TreeSession
 from acespec.proto import PROTOCOL_VERSION
@@ -61,6 +62,7 @@ class Engine:
     limits: Limits = field(default_factory=Limits)
     emulation: StepEmulation = field(default_factory=StepEmulation)
     metrics: object | None = None  # acespec.cloud.metrics.Metrics
+    gap: GapDrafter | None = None  # proposes in decided sessions' lone passes (cloud.gap)
 
     def __post_init__(self) -> None:
         on_pass = self.metrics.on_pass if self.metrics else None
@@ -112,10 +114,11 @@ class Engine:
         return OpenResult(session_id, session, root, live)
 
     async def open_decided(self, prompt: Sequence[int], params: ServeParams, seed: int,
-                           max_tokens: int, stop: Sequence[int]
+                           max_tokens: int, stop: Sequence[int], gap: bool = True
                            ) -> tuple[str, DecidedSession, list[int]]:
         """A session the verifier decides (greedy or coupled): the prefill pass decides the
-        first token (returned); every later pass feeds the last decided token first."""
+        first token (returned); every later pass feeds the last decided token first. gap:
+        the gap drafter (if the verifier has one) proposes in its lone passes."""
         if not params.sampling.decided:
             raise FailedPrecondition("Open.decide needs a greedy (temperature 0) or coupled "
                                      "session: exact sampled sessions are decided by the edge")
@@ -130,6 +133,8 @@ class Engine:
                               vocab=vocab, propose=self.limits.propose)
         session = DecidedSession(prompt, params, seed, limits)
         session.cache = self.model.new_cache(len(prompt) + 64)
+        if gap and self.gap and self.limits.propose:
+            session.gap = self.gap.open()
         session_id = uuid.uuid4().hex
         self.sessions[session_id] = session
         try:
@@ -144,7 +149,13 @@ class Engine:
 
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
         """One forward pass of a decided session: (first position, decided tokens)."""
-        tokens = session.plan_pass()
+        tokens = session.plan_pass(lookup_proposals=session.gap is None)
+        if session.proposal_room:  # a lone pass: the gap drafter proposes first
+            proposals, seconds = await self.gap.propose_async(
+                session.gap, list(session.tokens), session.proposal_room)
+            session.counts.gap_s += seconds
+            session.add_proposals(proposals)
+            tokens = session.pass_tokens()
         parents = session.pass_parents(session.cache.length)
         chain = parents == list(range(parents[0], parents[0] + len(parents)))
         t0 = time.perf_counter()
@@ -237,3 +248,5 @@ class Engine:
     async def close_all(self) -> None:
         self.sessions.clear()
         await self.batcher.close()
+        if self.gap:
+            self.gap.close()

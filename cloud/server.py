@@ -41,6 +41,7 @@ class ServerConfig:
     default_params: ServeParams = field(default_factory=ServeParams)
     kernels: str = "auto"  # verifier kernels: auto (Triton on CUDA), triton, torch
     tp: int | None = None  # tensor-parallel ranks; None: 1, or torchrun's WORLD_SIZE
+    gap_drafter: str = ""  # a small drafter (.gguf or HF folder) for lone passes; '' = none
 
 
 class ServeFailed(RuntimeError):
@@ -70,7 +71,13 @@ def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
         log.warning("TESTBED: every forward pass is padded by %.1f ms + %.2f ms/node "
                     "(--emulate-step-ms) to emulate a big target model",
                     cfg.emulation.base_ms, cfg.emulation.per_node_ms)
-    return Engine(model, vocab_hash, model_id, cfg.limits, cfg.emulation, metrics)
+    gap = None
+    if cfg.gap_drafter:
+        from acespec.cloud.gap import GapDrafter
+
+        gap = GapDrafter.load(cfg.gap_drafter, vocab_hash, model.args.vocab_size,
+                              dtype=cfg.dtype, device=str(model.device))
+    return Engine(model, vocab_hash, model_id, cfg.limits, cfg.emulation, metrics, gap)
 
 
 def _load_sharded(cfg: ServerConfig, path: Path, topo, metrics, on_failure):

@@ -203,14 +203,15 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         params = decode_serve_params(msg.sampling, self.default_params)
         session_id, session, first = await self.engine.open_decided(
             list(msg.prompt_tokens), params, msg.seed, msg.decide.max_tokens,
-            list(msg.decide.stop_tokens))
+            list(msg.decide.stop_tokens), gap=not msg.decide.no_gap)
         opened.append(session_id)
         if self.engine.metrics:
             self.engine.metrics.sessions_opened.inc()
         await self._write(context, pb.Downlink(opened=pb.Opened(
             session_id=session_id, model_id=self.engine.model_id,
             vocab_hash=self.engine.vocab_hash, k_max=params.k_max,
-            coupled=params.sampling.coupled, decides=True, grows=True)))
+            coupled=params.sampling.coupled, decides=True, grows=True,
+            gap=session.gap is not None)))
         start = session.prompt_len
         await self._write(context, pb.Downlink(decided=self._last_decided(session, start, first)
                                                if session.done else pb.Decided(

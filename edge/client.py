@@ -117,6 +117,7 @@ class CloudSession:
         self.messages_up = 0  # uplink messages written
         self.server_s = 0.0  # the last Scores' time at the verifier (queue + pass), seconds
         self.grows = False  # the verifier takes Grow (tree) messages in decided sessions
+        self.gap = False  # ... and its gap drafter proposes in this session's lone passes
         self._half_closed = False
 
     async def _write(self, msg: pb.Uplink) -> None:
@@ -153,19 +154,21 @@ class CloudSession:
         return decode_scores(opened.root)[0]
 
     async def open_decided(self, prompt: Sequence[int], params: ServeParams, seed: int,
-                           vocab_hash: str, max_tokens: int, stop: Sequence[int]
-                           ) -> NodeScore | None:
+                           vocab_hash: str, max_tokens: int, stop: Sequence[int],
+                           gap: bool = True) -> NodeScore | None:
         """Open a session the verifier decides (greedy or coupled). Returns None when it
         does; an older verifier answers as for a tree session: its root's score (the
-        caller then runs the tree protocol on this stream)."""
+        caller then runs the tree protocol on this stream). gap=False: the verifier's gap
+        drafter, if it has one, proposes nothing here."""
         await self._write(pb.Uplink(open=pb.Open(
             protocol_version=PROTOCOL_VERSION, vocab_hash=vocab_hash,
             prompt_tokens=list(map(int, prompt)), sampling=encode_serve_params(params),
-            seed=seed, decide=pb.Decide(max_tokens=max_tokens, stop_tokens=list(stop)))))
+            seed=seed, decide=pb.Decide(max_tokens=max_tokens, stop_tokens=list(stop),
+                                        no_gap=not gap))))
         opened = (await self._read()).opened
         self.session_id, self.model_id = opened.session_id, opened.model_id
         self.max_live_nodes, self.next_id = opened.max_live_nodes, 1
-        self.grows = opened.grows
+        self.grows, self.gap = opened.grows, opened.gap
         if opened.decides:
             self.next_id = 0  # Grow node ids count from 0
         self._check_coupled(params, opened)

@@ -51,12 +51,14 @@ class Open(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., vocab_hash: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., seed: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., decide: _Optional[_Union[Decide, _Mapping]] = ...) -> None: ...
 
 class Decide(_message.Message):
-    __slots__ = ("max_tokens", "stop_tokens")
+    __slots__ = ("max_tokens", "stop_tokens", "no_gap")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NO_GAP_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     stop_tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+    no_gap: bool
+    def __init__(self, max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., no_gap: _Optional[bool] = ...) -> None: ...
 
 class Drafts(_message.Message):
     __slots__ = ("position", "behind", "tokens")
@@ -151,7 +153,7 @@ class Scores(_message.Message):
     def __init__(self, first_node_id: _Optional[int] = ..., self_p: _Optional[_Iterable[int]] = ..., n_entries: _Optional[_Iterable[int]] = ..., entry_id_delta: _Optional[_Iterable[int]] = ..., entry_p: _Optional[_Iterable[int]] = ..., tail_p: _Optional[_Iterable[int]] = ..., n_tail_samples: _Optional[_Iterable[int]] = ..., tail_token: _Optional[_Iterable[int]] = ..., tail_token_p: _Optional[_Iterable[int]] = ..., greedy_token: _Optional[_Iterable[int]] = ..., server_time: _Optional[int] = ...) -> None: ...
 
 class Opened(_message.Message):
-    __slots__ = ("session_id", "model_id", "vocab_hash", "max_live_nodes", "k_max", "root", "coupled", "decides", "grows")
+    __slots__ = ("session_id", "model_id", "vocab_hash", "max_live_nodes", "k_max", "root", "coupled", "decides", "grows", "gap")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VOCAB_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +163,7 @@ class Opened(_message.Message):
     COUPLED_FIELD_NUMBER: _ClassVar[int]
     DECIDES_FIELD_NUMBER: _ClassVar[int]
     GROWS_FIELD_NUMBER: _ClassVar[int]
+    GAP_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     model_id: str
     vocab_hash: str
@@ -170,7 +173,8 @@ class Opened(_message.Message):
     coupled: bool
     decides: bool
     grows: bool
-    def __init__(self, session_id: _Optional[str] = ..., model_id: _Optional[str] = ..., vocab_hash: _Optional[str] = ..., max_live_nodes: _Optional[int] = ..., k_max: _Optional[int] = ..., root: _Optional[_Union[Scores, _Mapping]] = ..., coupled: _Optional[bool] = ..., decides: _Optional[bool] = ..., grows: _Optional[bool] = ...) -> None: ...
+    gap: bool
+    def __init__(self, session_id: _Optional[str] = ..., model_id: _Optional[str] = ..., vocab_hash: _Optional[str] = ..., max_live_nodes: _Optional[int] = ..., k_max: _Optional[int] = ..., root: _Optional[_Union[Scores, _Mapping]] = ..., coupled: _Optional[bool] = ..., decides: _Optional[bool] = ..., grows: _Optional[bool] = ..., gap: _Optional[bool] = ...) -> None: ...
 
 class Decided(_message.Message):
     __slots__ = ("position", "tokens", "passes", "done", "counts", "acked", "held_us")
@@ -191,7 +195,7 @@ class Decided(_message.Message):
     def __init__(self, position: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., passes: _Optional[int] = ..., done: _Optional[bool] = ..., counts: _Optional[_Union[DecidedCounts, _Mapping]] = ..., acked: _Optional[int] = ..., held_us: _Optional[int] = ...) -> None: ...
 
 class DecidedCounts(_message.Message):
-    __slots__ = ("wall_us", "busy_us", "drafts_received", "drafts_scored", "drafts_reconciled", "dead_skipped", "continuation", "hits", "hits_restarted", "lone_passes", "lone_tokens", "proposed", "proposed_accepted")
+    __slots__ = ("wall_us", "busy_us", "drafts_received", "drafts_scored", "drafts_reconciled", "dead_skipped", "continuation", "hits", "hits_restarted", "lone_passes", "lone_tokens", "proposed", "proposed_accepted", "gap_us")
     WALL_US_FIELD_NUMBER: _ClassVar[int]
     BUSY_US_FIELD_NUMBER: _ClassVar[int]
     DRAFTS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +209,7 @@ class DecidedCounts(_message.Message):
     LONE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    GAP_US_FIELD_NUMBER: _ClassVar[int]
     wall_us: int
     busy_us: int
     drafts_received: int
@@ -218,7 +223,8 @@ class DecidedCounts(_message.Message):
     lone_tokens: int
     proposed: int
     proposed_accepted: int
-    def __init__(self, wall_us: _Optional[int] = ..., busy_us: _Optional[int] = ..., drafts_received: _Optional[int] = ..., drafts_scored: _Optional[int] = ..., drafts_reconciled: _Optional[int] = ..., dead_skipped: _Optional[int] = ..., continuation: _Optional[int] = ..., hits: _Optional[int] = ..., hits_restarted: _Optional[int] = ..., lone_passes: _Optional[int] = ..., lone_tokens: _Optional[int] = ..., proposed: _Optional[int] = ..., proposed_accepted: _Optional[int] = ...) -> None: ...
+    gap_us: int
+    def __init__(self, wall_us: _Optional[int] = ..., busy_us: _Optional[int] = ..., drafts_received: _Optional[int] = ..., drafts_scored: _Optional[int] = ..., drafts_reconciled: _Optional[int] = ..., dead_skipped: _Optional[int] = ..., continuation: _Optional[int] = ..., hits: _Optional[int] = ..., hits_restarted: _Optional[int] = ..., lone_passes: _Optional[int] = ..., lone_tokens: _Optional[int] = ..., proposed: _Optional[int] = ..., proposed_accepted: _Optional[int] = ..., gap_us: _Optional[int] = ...) -> None: ...
 
 class TailSamples(_message.Message):
     __slots__ = ("node_id", "tail_token", "tail_token_p")

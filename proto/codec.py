@@ -203,7 +203,8 @@ def encode_counts(c, now: float) -> pb.DecidedCounts:
                             dead_skipped=c.dead_skipped(), continuation=c.continuation,
                             hits=c.hits, hits_restarted=c.hits_restarted,
                             lone_passes=c.lone_passes, lone_tokens=c.lone_tokens,
-                            proposed=c.proposed, proposed_accepted=c.proposed_accepted)
+                            proposed=c.proposed, proposed_accepted=c.proposed_accepted,
+                            gap_us=round(c.gap_s * 1e6))
 
 
 def decode_counts(msg: pb.DecidedCounts) -> dict:
@@ -214,7 +215,7 @@ def decode_counts(msg: pb.DecidedCounts) -> dict:
             "continuation": msg.continuation, "hits": msg.hits,
             "hits_restarted": msg.hits_restarted, "lone_passes": msg.lone_passes,
             "lone_tokens": msg.lone_tokens, "proposed": msg.proposed,
-            "proposed_accepted": msg.proposed_accepted}
+            "proposed_accepted": msg.proposed_accepted, "gap_s": msg.gap_us / 1e6}
 
 
 def check_more_tail(msg: pb.MoreTail) -> tuple[int, int]:

@@ -20,7 +20,8 @@ import numpy as np
 from acespec.sim.stages import LinkSpec, parse_rate, parse_time
 
 MODES = ("ar", "sd", "pipeline", "acespec")
-BENCH_MODES = MODES + ("acespec-chain",)  # acespec with one drafted chain, no tree
+BENCH_MODES = MODES + ("acespec-chain",  # acespec with one drafted chain, no tree
+                       "acespec-gap")  # the tree, and the verifier's gap drafter proposing
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class BenchConfig:
     per_category: int = 10  # prompts per category
     seed: int = 0
     propose: int = 4  # the verifier's --propose (its own proposals in passes no draft covers)
+    gap_drafter: str = ""  # acespec-gap: the verifier's --gap-drafter (the other modes: off)
 
     def __post_init__(self):
         from acespec.edge.cli import MAX_DEPTH, MAX_WINDOW
@@ -53,6 +55,14 @@ class BenchConfig:
                              f"{MAX_WINDOW}]")
         if self.max_tokens < 1:
             raise ValueError(f"--max-tokens {self.max_tokens} must be >= 1")
+        if "acespec-gap" in self.modes and not self.gap_drafter:
+            raise ValueError("mode acespec-gap needs --gap-drafter")
+
+    def serve_flags(self) -> list[str]:
+        """`acespec cloud serve` flags of the bench's verifier (besides host and port)."""
+        gap = ["--gap-drafter", self.gap_drafter] if "acespec-gap" in self.modes else []
+        return ["--emulate-step-ms", self.emulate, "--grace", "1",
+                "--propose", str(self.propose)] + gap
 
 
 def parse_links(text: str) -> tuple[tuple[str, LinkSpec], ...]:
@@ -112,7 +122,8 @@ async def _verifier_in_process(cfg: BenchConfig, model_dir: str):
 
     scfg = ServerConfig(model=model_dir, host="127.0.0.1", port=0,
                         emulation=StepEmulation.parse(cfg.emulate),
-                        limits=Limits(propose=cfg.propose))
+                        limits=Limits(propose=cfg.propose),
+                        gap_drafter=cfg.gap_drafter if "acespec-gap" in cfg.modes else "")
     engine = load_engine(scfg)
     server, port = await create_server(engine, scfg)
 
@@ -143,8 +154,8 @@ async def _verifier_process(cfg: BenchConfig, model_dir: str):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     argv = [sys.executable, "-m", "acespec", "cloud", "serve", "--host", "127.0.0.1",
-            "--port", str(port), "--emulate-step-ms", cfg.emulate, "--grace", "1",
-            "--propose", str(cfg.propose), "--threads", str(max(1, (os.cpu_count() or 2) // 2))]
+            "--port", str(port), *cfg.serve_flags(),
+            "--threads", str(max(1, (os.cpu_count() or 2) // 2))]
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(argv + (["--model", model_dir] if model_dir else []),
                             stdout=log, stderr=subprocess.STDOUT)
@@ -197,8 +208,7 @@ async def _verifier_in_netns(cfg: BenchConfig, model_dir: str):
     async def start(spec):
         with NetnsLink(spec.up_bps, spec.down_bps) as ns:
             argv = [sys.executable, "-m", "acespec", "cloud", "serve", "--host", ns.cloud_ip,
-                    "--port", str(port), "--emulate-step-ms", cfg.emulate, "--grace", "1",
-                    "--propose", str(cfg.propose)]
+                    "--port", str(port), *cfg.serve_flags()]
             log = tempfile.TemporaryFile()
             proc = subprocess.Popen(ns.argv_in_ns(argv + (["--model", model_dir] if model_dir
                                                           else [])),
@@ -241,7 +251,8 @@ async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, 
                                     max_window=max(32, cfg.window),
                                     serve=ServeParams(SamplingParams(
                                         cfg.temperature, coupled=cfg.sampling == "coupled")),
-                                    seed=cfg.seed, max_tokens=cfg.max_tokens)
+                                    seed=cfg.seed, max_tokens=cfg.max_tokens,
+                                    gap=mode == "acespec-gap")
                 before = (proxy.counts.up, proxy.counts.down)
                 stamps: list[float] = []
                 t0 = time.perf_counter()
@@ -370,7 +381,9 @@ def _passes(rs: list[dict]) -> dict:
             "draft_passes": tot["draft_passes"],
             "tokens_per_draft_pass": round(tot["draft_pass_tokens"] / max(1, tot["draft_passes"]),
                                            2),
-            "dead_nodes_per_token": round(tot["dead_nodes_skipped"] / max(1, tot["tokens"]), 2)}
+            "dead_nodes_per_token": round(tot["dead_nodes_skipped"] / max(1, tot["tokens"]), 2),
+            "gap_ms_per_token": round(1000 * sum(r.get("gap_s") or 0.0 for r in rs)
+                                      / max(1, tot["tokens"]), 2)}
 
 
 def by_category(records: list[dict]) -> list[dict]:

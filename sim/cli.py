@@ -59,7 +59,10 @@ def add_bench_parser(sub) -> None:
                    "(default: %(default)s)")
     b.add_argument("--modes", default="ar,sd,pipeline,acespec",
                    help="comma-separated, from: ar, sd, pipeline, acespec, acespec-chain "
-                   "(acespec with one drafted chain instead of the speculation tree)")
+                   "(acespec with one drafted chain instead of the speculation tree), "
+                   "acespec-gap (the tree, and the verifier's gap drafter proposing in the "
+                   "passes no edge draft covers; the verifier then gets --gap-drafter, which "
+                   "the other modes' sessions turn off)")
     b.add_argument("--prompts", help="JSONL of {id, category, prompt} (default: shipped set)")
     b.add_argument("--dataset", default="shipped", choices=DATASETS,
                    help="'shipped' (the shipped prompts or --prompts) or 'sharegpt' (real chats "
@@ -91,6 +94,9 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--propose", type=number(int, 0, 64), default=4, metavar="N",
                    help="the verifier's --propose: its own prompt-lookup proposals in a pass "
                    "no draft covers (0: off) (default: %(default)s)")
+    b.add_argument("--gap-drafter", metavar="PATH",
+                   help="acespec-gap: the verifier's gap drafter (default: --drafter, the "
+                   "edge's own drafter file)")
     b.add_argument("--model", default="", help="target HF folder (default: the demo target)")
     b.add_argument("--drafter", default=str(DEMO_DRAFTER))
     pairs.add_argument(b, target="model", drafter="drafter")
@@ -130,7 +136,8 @@ def run_bench_cli(args) -> int:
                           adaptive=args.adaptive, netns=args.netns,
                           temperature=args.temperature, sampling=args.sampling,
                           emulate=args.emulate_step_ms, per_category=args.per_category,
-                          emulate_draft=args.emulate_draft_ms, propose=args.propose)
+                          emulate_draft=args.emulate_draft_ms, propose=args.propose,
+                          gap_drafter=args.gap_drafter or args.drafter)
         bad = [m for m in cfg.modes if m not in BENCH_MODES]
         if bad:
             raise ValueError(f"unknown modes {bad}; available: {', '.join(BENCH_MODES)}")

@@ -35,6 +35,7 @@ class EngineConfig:
     adaptive: bool = False  # depth/window follow the link (acespec.edge.speculation.adaptive); start at depth/window
     max_depth: int = 8  # bounds for the adaptive shape
     max_window: int = 32
+    gap: bool = True  # decided sessions: the verifier's gap drafter (if any) may propose
 
     def drafter_reserve(self) -> int:
         """Drafter KV cells one request may need beyond prompt + max_tokens: each of its
@@ -120,12 +121,14 @@ class Stats:
         v = self.verifier
         if v is None or "lone_passes" not in v:
             return dict.fromkeys(("lone_passes", "lone_tokens", "verifier_proposed",
-                                  "proposed_accepted", "draft_passes", "draft_pass_tokens"))
+                                  "proposed_accepted", "draft_passes", "draft_pass_tokens",
+                                  "gap_s"))
         passes = self.target_forwards
         return {"lone_passes": v["lone_passes"], "lone_tokens": v["lone_tokens"],
                 "verifier_proposed": v["proposed"], "proposed_accepted": v["proposed_accepted"],
                 "draft_passes": max(0, passes - v["lone_passes"]),
-                "draft_pass_tokens": max(0, self.tokens - v["lone_tokens"])}
+                "draft_pass_tokens": max(0, self.tokens - v["lone_tokens"]),
+                "gap_s": round(v.get("gap_s", 0.0), 4)}
 
     def as_dict(self) -> dict:
         t = max(self.tokens, 1)

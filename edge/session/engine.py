@@ -107,7 +107,8 @@ class EdgeEngine:
         cfg = run.cfg
         if cfg.mode == "acespec" and cfg.serve.sampling.decided and cfg.verifier_decides:
             root = await sess.open_decided(run.context, cfg.serve, cfg.seed, self.vocab_hash,
-                                           cfg.max_tokens - len(run.out), sorted(cfg.stop_ids))
+                                           cfg.max_tokens - len(run.out), sorted(cfg.stop_ids),
+                                           gap=cfg.gap)
             if root is None:
                 grow = sess.grows and cfg.grow_tree
                 return (GrowDriver if grow else ChainDriver)(run, sess, inbox)

@@ -1,0 +1,114 @@
+"""The verifier's gap drafter: an operator's small drafter on the cloud side (torch, no
+llama.cpp) that fills the passes no edge draft covers.
+
+In a decided session the verifier never waits for the link (DESIGN §3). After a miss, the
+edge learns of it a round trip later, so the verifier decides a few passes alone ("lone
+passes", one token each with nothing to score). Prompt lookup fills some of them where the
+text repeats itself; a gap drafter proposes the next `--propose` tokens from the session's
+decided text in any text. Its proposals are scored in the lone pass and walked like any
+draft: every verdict stays the deterministic function of (seed, position, p~) it is, so
+greedy and coupled output are unchanged; only passes are saved. What it costs is its own
+decoding, before each lone pass (counted per session as `gap_s`).
+
+The drafter is a GGUF (the edge's own drafter file, dequantized by acespec.models.gguf_to_hf)
+or a Hugging Face checkpoint folder, with the target's tokenizer. Each session keeps its
+own KV cache in the drafter's page pool, holding the decided text; proposals are decoded
+past it and dropped again (the next call re-feeds what was decided).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from acespec.cloud.kv_cache import KVCache
+from acespec.cloud.model import Transformer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GapState:
+    """One session's drafter cache: it holds the session's text [:fed]."""
+
+    cache: KVCache
+    fed: int = 0
+
+
+class GapDrafter:
+    """Greedy proposals from a small torch model, one worker thread for all sessions."""
+
+    def __init__(self, model: Transformer, name: str):
+        self.model, self.name = model, name
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gap")
+
+    @classmethod
+    def load(cls, path: str | Path, vocab_hash: str, vocab: int, dtype: str = "float32",
+             device: str = "cpu") -> GapDrafter:
+        """The drafter at `path` (a .gguf file or an HF checkpoint folder). Raises ValueError
+        unless it has the target's tokenizer (vocab_hash) and vocabulary size."""
+        from acespec.cloud.loader import load_model, set_threads
+        from acespec.shared.tokenizer import Tokenizer
+
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"--gap-drafter {path}: no such file or folder")
+        with tempfile.TemporaryDirectory(prefix="acespec-gap-") as tmp:
+            folder = path
+            if path.is_file():
+                from acespec.models.gguf_to_hf import convert
+
+                log.info("gap drafter: converting %s for torch", path)
+                folder = convert(path, tmp)
+            theirs = Tokenizer.load(folder).vocab_hash()
+            model = load_model(folder, dtype=dtype, device=device)
+        if theirs != vocab_hash or model.args.vocab_size != vocab:
+            raise ValueError(f"--gap-drafter {path}: its tokenizer ({theirs}, vocab "
+                             f"{model.args.vocab_size}) is not the target's ({vocab_hash}, "
+                             f"vocab {vocab}); the gap drafter must share the target's tokenizer")
+        set_threads(model)
+        log.info("gap drafter %s: %d layers, %.1fM params, proposes in lone passes", path.name,
+                 model.args.num_layers, sum(p.numel() for p in model.parameters()) / 1e6)
+        return cls(model, path.name)
+
+    def open(self) -> GapState:
+        return GapState(self.model.new_cache(256))
+
+    def propose(self, state: GapState, text: Sequence[int], k: int) -> list[int]:
+        """Up to k greedy tokens after `text` [D] (the session's decided text); fewer near
+        the drafter's context end. The cache holds text afterwards, never the proposals."""
+        room = self.model.args.max_position_embeddings - len(text)
+        k = min(k, room)
+        if k <= 0 or not text:
+            return []
+        keep = min(state.fed, len(text) - 1)  # the last token is fed again: its logits
+        state.cache.truncate(keep)
+        out: list[int] = []
+        step = list(map(int, text[keep:]))
+        with torch.inference_mode():
+            for _ in range(k):
+                logits = self.model.forward(step, state.cache, last_only=True)  # [1, V]
+                out.append(int(logits[-1].argmax()))
+                step = out[-1:]
+        state.cache.truncate(len(text))
+        state.fed = len(text)
+        return out
+
+    async def propose_async(self, state: GapState, text: Sequence[int], k: int
+                            ) -> tuple[list[int], float]:
+        """propose() on the drafter's thread: (tokens, seconds it took there)."""
+        def run() -> tuple[list[int], float]:
+            t0 = time.perf_counter()
+            return self.propose(state, text, k), time.perf_counter() - t0
+        return await asyncio.get_running_loop().run_in_executor(self._pool, run)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
