@@ -55,7 +55,7 @@ class GapDrafter:
              device: str = "cpu") -> GapDrafter:
         """The drafter at `path` (a .gguf file or an HF checkpoint folder). Raises ValueError
         unless it has the target's tokenizer (vocab_hash) and vocabulary size."""
-        from acespec.cloud.loader import load_model, set_threads
+        from acespec.cloud.loader import load_model
         from acespec.shared.tokenizer import Tokenizer
 
         path = Path(path)
@@ -74,7 +74,7 @@ class GapDrafter:
             raise ValueError(f"--gap-drafter {path}: its tokenizer ({theirs}, vocab "
                              f"{model.args.vocab_size}) is not the target's ({vocab_hash}, "
                              f"vocab {vocab}); the gap drafter must share the target's tokenizer")
-        set_threads(model)
+        # No set_threads: torch's thread count is the process's, set for the target.
         log.info("gap drafter %s: %d layers, %.1fM params, proposes in lone passes", path.name,
                  model.args.num_layers, sum(p.numel() for p in model.parameters()) / 1e6)
         return cls(model, path.name)

@@ -24,10 +24,14 @@ def _rows(inputs: list[int], ctx: list[int], logits) -> np.ndarray:
     return np.stack([logits(ctx := ctx + [t]) for t in inputs])
 
 
-def _pass(s: DecidedSession, logits, paths: dict[int, list[int]] | None = None):
+def _pass(s: DecidedSession, logits, proposer=None):
     """Run one pass of `s` against the toy target `logits(context) -> [V]`: each fed node's
-    row comes from the decided text plus the path to it."""
-    inputs = s.plan_pass()
+    row comes from the decided text plus the path to it. proposer(text, k): a gap drafter's
+    proposals in a lone pass instead of prompt lookup."""
+    inputs = s.plan_pass(lookup_proposals=proposer is None)
+    if s.proposal_room:
+        s.add_proposals(proposer(list(s.tokens), s.proposal_room))
+        inputs = s.pass_tokens()
     base = s.tokens[:-1]
     rows, prefix = [logits(base + [inputs[0]])], {}
     for i, nid in enumerate(s._in_pass):  # the nodes fed, parents first
@@ -53,7 +57,8 @@ def hashed(context: list[int]) -> np.ndarray:
     return rng.normal(0, 2.0, V).astype(np.float32)
 
 
-def _decode(params, logits, propose: int, rng: np.random.Generator | None, n: int = 48):
+def _decode(params, logits, propose: int, rng: np.random.Generator | None, n: int = 48,
+            proposer=None):
     """Decide n tokens; with rng, an edge sends random drafts (some right) between passes."""
     s = DecidedSession([1, 2, 3, 4, 5, 1, 2], params, 7,
                        DecideLimits(max_tokens=n, propose=propose))
@@ -64,7 +69,7 @@ def _decode(params, logits, propose: int, rng: np.random.Generator | None, n: in
                 toks = [int(np.argmax(logits(s.tokens)))] + toks[1:]
             s.apply_grow(s.end, [ROOT] + list(range(s.next_id, s.next_id + len(toks) - 1)),
                          toks)
-        _pass(s, logits)
+        _pass(s, logits, proposer)
     return s
 
 

@@ -1,0 +1,118 @@
+"""The verifier's gap drafter (acespec.cloud.gap): a GGUF drafter dequantized for torch that
+proposes in lone passes. Its greedy proposals are the model's own greedy tokens, whatever the
+session's cache held before; a drafter with another tokenizer is refused naming both; and
+proposals, right or wrong, never change the decided text (greedy and coupled)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_decided_proposals import COUPLED, GREEDY, V, _decode, hashed, periodic  # noqa: E402
+
+from acespec.cloud.gap import GapDrafter  # noqa: E402
+from acespec.shared.tokenizer import Tokenizer  # noqa: E402
+
+from conftest import plain_greedy  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gap(tiny_pair):
+    tok_dir, model, ggufs = tiny_pair
+    return GapDrafter.load(ggufs["f32"], Tokenizer.load(tok_dir).vocab_hash(),
+                           model.args.vocab_size)
+
+
+def test_proposals_are_the_models_greedy_tokens_as_the_text_grows(gap, tiny_pair):
+    """The f32 GGUF of the tiny target, proposing after a text that grows by what was
+    decided (some of its own proposals, some not): each call equals greedy decoding of
+    the original torch model from scratch, so the kept cache is right."""
+    _, model, _ = tiny_pair
+    rng = np.random.default_rng(0)
+    text = [int(t) for t in rng.integers(3, model.args.vocab_size, 12)]
+    state = gap.open()
+    for step in range(12):
+        got = gap.propose(state, text, 4)
+        assert got == plain_greedy(model, text, 4), step
+        take = int(rng.integers(0, 5))  # the walk took this many, then decided one more
+        text += got[:take] + [int(rng.integers(3, model.args.vocab_size))]
+    assert state.fed == len(text) - 1 - take
+
+
+def test_proposals_stop_at_the_drafters_context(gap):
+    state = gap.open()
+    n = gap.model.args.max_position_embeddings
+    assert len(gap.propose(state, [5] * (n - 2), 4)) == 2
+    assert gap.propose(state, [5] * n, 4) == []
+
+
+def test_a_drafter_with_another_tokenizer_is_refused(tiny_pair):
+    from acespec.models import DEMO_TARGET
+
+    _, _, ggufs = tiny_pair
+    demo = Tokenizer.load(DEMO_TARGET)
+    with pytest.raises(ValueError, match="--gap-drafter.*not the target's.*share the target's"):
+        GapDrafter.load(ggufs["q8_0"], demo.vocab_hash(), 4096)
+    with pytest.raises(FileNotFoundError, match="--gap-drafter"):
+        GapDrafter.load("/nonexistent/drafter.gguf", demo.vocab_hash(), 4096)
+
+
+def _gap_like(logits, p_right: float, seed: int):
+    """A stand-in gap drafter: the target's greedy token with probability p_right, else a
+    random one, chained on its own guesses."""
+    rng = np.random.default_rng(seed)
+
+    def propose(text: list[int], k: int) -> list[int]:
+        out: list[int] = []
+        for _ in range(k):
+            right = int(np.argmax(logits(text + out)))
+            out.append(right if rng.random() < p_right else int(rng.integers(0, V)))
+        return out
+    return propose
+
+
+@pytest.mark.parametrize("params", [GREEDY, COUPLED], ids=["greedy", "coupled"])
+@pytest.mark.parametrize("logits", [periodic, hashed])
+def test_gap_proposals_never_change_the_decided_text(params, logits):
+    """30 random sessions each (the edge sends random drafts, some right, between passes):
+    the decided text with a gap drafter's proposals (right 60 % of the time) equals the text
+    with none; greedily, some are accepted."""
+    accepted = 0
+    for trial in range(30):
+        plain = _decode(params, logits, 0, np.random.default_rng(trial))
+        gapped = _decode(params, logits, 4, np.random.default_rng(trial),
+                         proposer=_gap_like(logits, 0.6, trial))
+        assert gapped.tokens == plain.tokens, trial
+        assert gapped.counts.proposed > 0
+        accepted += gapped.counts.proposed_accepted
+    if params is GREEDY:
+        assert accepted > 0
+
+
+def test_an_engine_session_proposes_with_the_gap_drafter_only_when_asked(gap, tiny_pair):
+    """Engine.open_decided(gap=...) gives the session the drafter's state or none; with
+    none, a lone pass is left to prompt lookup (DecideLimits.propose as before)."""
+    from acespec.cloud.engine import Engine, Limits
+
+    from verifier_harness import run
+
+    tok_dir, model, _ = tiny_pair
+
+    async def go():
+        eng = Engine(model, Tokenizer.load(tok_dir).vocab_hash(), "t", Limits(propose=4),
+                     gap=gap)
+        out = {}
+        for on in (True, False):
+            _, s, _ = await eng.open_decided([1, 5, 9, 14], GREEDY, 0, 12, [], gap=on)
+            while not s.done:
+                await eng.decided_pass(s)
+            out[on] = s
+        return out
+
+    s = run(go())
+    assert s[True].tokens == s[False].tokens == [1, 5, 9, 14] + plain_greedy(model, [1, 5, 9, 14], 12)
+    assert s[True].counts.gap_s > 0 and s[True].counts.proposed > 0
+    assert s[True].counts.passes < s[False].counts.passes  # its own greedy tokens: all taken
+    assert s[False].counts.gap_s == 0 and s[False].gap is None

@@ -1,0 +1,49 @@
+"""`acespec cloud serve --gap-drafter FILE` as a user runs it: the edge's own drafter GGUF
+on the verifier proposes in lone passes, the text stays cloud-only decoding's, and the
+stats say what it proposed and what it cost; a wrong file is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("llama_cpp")
+
+from acespec.models import DEMO_DRAFTER  # noqa: E402
+
+from cli_harness import acespec, verifier  # noqa: E402
+
+PROMPT = "def fibonacci(n):"
+
+
+def test_a_gap_drafter_proposes_in_lone_passes_and_changes_no_token():
+    cloud, addr = verifier("--gap-drafter", str(DEMO_DRAFTER))
+    with cloud:
+        runs = {}
+        for mode in ("ar", "acespec"):
+            q = acespec("edge", "generate", PROMPT, "--cloud", addr, "--mode", mode,
+                        "--max-tokens", "48", "--json")
+            assert q.returncode == 0, q.stderr[-2000:]
+            runs[mode] = json.loads(q.stdout)
+        cloud.stop()
+        log = cloud.stderr
+    assert "gap drafter drafter-q8_0.gguf" in log
+    assert runs["ar"]["token_ids"] == runs["acespec"]["token_ids"]
+    assert len(runs["ar"]["token_ids"]) == 48
+    st = runs["acespec"]["stats"]
+    assert st["verifier_proposed"] > 0 and st["gap_s"] > 0, st
+    assert st["lone_tokens"] > st["lone_passes"]  # lone passes decide more than one token
+
+
+@pytest.mark.parametrize("path, words", [
+    ("models/smollm2/drafter-q8_0.gguf", ["--gap-drafter", "tokenizer", "target's"]),
+    ("/nonexistent/d.gguf", ["--gap-drafter", "no such file"]),
+])
+def test_a_wrong_gap_drafter_is_one_line_and_exit_2(path, words):
+    p = acespec("cloud", "serve", "--port", "0", "--gap-drafter", path, timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    err = [ln for ln in p.stderr.splitlines() if "error" in ln]
+    assert len(err) == 1 and all(w in err[0] for w in words), p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
