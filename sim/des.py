@@ -63,6 +63,8 @@ class Scenario:
     tree: bool = False  # decided: the edge's chunks carry guessed branches (hit_rate)
     propose: int = 0  # decided: a pass no draft covers scores this many verifier proposals
     propose_accept: float = 0.0  # ... each accepted (in order) with this probability
+    propose_s: float = 0.0  # ... each costing this long before the pass (a gap drafter's
+    # decode; prompt lookup costs nothing)
     seed: int = 0
 
 
@@ -320,7 +322,7 @@ class _DecidingVerifier:
         if proposed:
             k = _accepted(self.rng, min(proposed, self.sc.tokens - 1 - self.decided),
                           self.sc.propose_accept)
-        seconds = self.c.target_s(1 + fed + proposed)
+        seconds = self.c.target_s(1 + fed + proposed) + self.sc.propose_s * proposed
         self.free, self.busy, self.passes = self.free + seconds, self.busy + seconds, self.passes + 1
         start = self.decided
         self.decided += k + 1

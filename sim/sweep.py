@@ -11,11 +11,18 @@ from acespec.sim.stages import LinkSpec
 # acespec-ideal is the state cache whose hits keep the pipeline flowing; acespec-decided is
 # the engine of greedy and coupled acespec sessions with one drafted chain (the verifier
 # decides and never waits); acespec-tree adds the speculation tree's guessed branches
-# (what those sessions run by default).
-MODES = ("ar", "sd", "pipeline", "acespec", "acespec-ideal", "acespec-decided", "acespec-tree")
+# (what those sessions run by default); acespec-gap adds the verifier's gap drafter, which
+# proposes GAP_PROPOSE tokens in each pass no draft covers, accepted like the edge's drafts
+# and each costing the drafter's own decode time (the edge's, a stand-in for a server's).
+MODES = ("ar", "sd", "pipeline", "acespec", "acespec-ideal", "acespec-decided", "acespec-tree",
+         "acespec-gap")
+GAP_PROPOSE = 4  # cloud serve --propose's default
 
 
-def _scenario(base: Scenario, mode: str) -> Scenario:
+def _scenario(base: Scenario, mode: str, costs: Costs) -> Scenario:
+    if mode == "acespec-gap":
+        return replace(_scenario(base, "acespec-tree", costs), propose=GAP_PROPOSE,
+                       propose_accept=base.accept, propose_s=costs.draft_s)
     if mode == "acespec-ideal":
         return replace(base, mode="acespec", hit_continues=True)
     if mode == "acespec-decided":
@@ -42,7 +49,7 @@ def sweep(costs: Costs, accept: float, hit_rate: float, rates_bps, rtts_s, depth
                 row = {"rate_kbps": bps / 1000, "rtt_ms": rtt * 1000, "depth": d, "window": w,
                        "ar": round(ar.tokens_per_s, 1), "ar_busy": round(ar.verifier_busy, 2)}
                 for mode in MODES[1:]:
-                    res = simulate(_scenario(base, mode), costs)
+                    res = simulate(_scenario(base, mode, costs), costs)
                     row[mode] = round(res.tokens_per_s, 1)
                     row[f"{mode}_busy"] = round(res.verifier_busy, 2)
                 row.update({f"{m}_x_ar": round(row[m] / row["ar"], 2) for m in MODES[1:]})
@@ -60,7 +67,7 @@ def best_per_link(rows: list[dict]) -> list[dict]:
         for m in MODES[1:]:
             if r[m] > cur.get(m, 0):
                 cur[m], cur[f"{m}_shape"] = r[m], f"{r['depth']}/{r['window']}"
-                if m in ("acespec-decided", "acespec-tree"):
+                if m in ("acespec-decided", "acespec-tree", "acespec-gap"):
                     cur[f"{m}_busy"] = r[f"{m}_busy"]
     for cur in out.values():
         cur.update({f"{m}_x_ar": round(cur[m] / cur["ar"], 2) for m in MODES[1:]})

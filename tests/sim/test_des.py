@@ -164,3 +164,25 @@ def test_verifier_proposals_make_lone_passes_decide_more():
     assert plain.lone_passes > 100 and plain.lone_tokens == plain.lone_passes
     assert prop.lone_tokens / prop.lone_passes == pytest.approx(1.9375, rel=0.1)
     assert prop.tokens_per_s > 1.1 * plain.tokens_per_s
+
+
+def test_a_gap_drafters_proposals_cost_their_decode_before_the_pass():
+    """propose_s: each proposal costs its decode before the lone pass. Free proposals are
+    faster than costly ones, which are faster than none while they cost less than what
+    they save (here 4 x 2 ms against 40 ms passes deciding ~1.9 tokens instead of 1), and
+    slower than none once they cost more (4 x 40 ms)."""
+    def tps(**kw):
+        return simulate(decided(WAN, accept=0.3, tokens=4000, **kw), COSTS).tokens_per_s
+    none = tps()
+    free = tps(propose=4, propose_accept=0.5)
+    cheap = tps(propose=4, propose_accept=0.5, propose_s=0.002)
+    dear = tps(propose=4, propose_accept=0.5, propose_s=0.040)
+    assert free > cheap > 1.1 * none > dear
+
+
+def test_the_sweep_has_the_gap_drafter_mode():
+    from acespec.sim.sweep import best_per_link, sweep
+
+    rows = sweep(COSTS, 0.7, 0.5, [50_000], [0.1], [4], tokens=300)
+    best = best_per_link(rows)[0]
+    assert best["acespec-gap"] > best["acespec-tree"] and "acespec-gap_busy" in best
