@@ -151,8 +151,10 @@ class Engine:
         """One forward pass of a decided session: (first position, decided tokens)."""
         tokens = session.plan_pass(lookup_proposals=session.gap is None)
         if session.proposal_room:  # a lone pass: the gap drafter proposes first
+            c = session.counts
             proposals, seconds = await self.gap.propose_async(
-                session.gap, list(session.tokens), session.proposal_room)
+                session.gap, list(session.tokens), session.proposal_room,
+                c.busy_s / c.passes if c.passes else None)
             session.counts.gap_s += seconds
             session.add_proposals(proposals)
             tokens = session.pass_tokens()

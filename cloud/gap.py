@@ -48,6 +48,7 @@ class GapDrafter:
 
     def __init__(self, model: Transformer, name: str):
         self.model, self.name = model, name
+        self.step_s: float | None = None  # seconds per decode step, a running mean
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gap")
 
     @classmethod
@@ -82,9 +83,13 @@ class GapDrafter:
     def open(self) -> GapState:
         return GapState(self.model.new_cache(256))
 
-    def propose(self, state: GapState, text: Sequence[int], k: int) -> list[int]:
+    def propose(self, state: GapState, text: Sequence[int], k: int, min_p: float = 0.0
+                ) -> list[int]:
         """Up to k greedy tokens after `text` [D] (the session's decided text); fewer near
-        the drafter's context end. The cache holds text afterwards, never the proposals."""
+        the drafter's context end, and none past the point where the drafter's own
+        probability of the whole chain so far falls below min_p (a proposal the target
+        would likely reject is not worth its decode). The cache holds text afterwards,
+        never the proposals."""
         room = self.model.args.max_position_embeddings - len(text)
         k = min(k, room)
         if k <= 0 or not text:
@@ -92,22 +97,43 @@ class GapDrafter:
         keep = min(state.fed, len(text) - 1)  # the last token is fed again: its logits
         state.cache.truncate(keep)
         out: list[int] = []
+        chain_p = 1.0  # the drafter's probability of out, as a chain
         step = list(map(int, text[keep:]))
         with torch.inference_mode():
-            for _ in range(k):
-                logits = self.model.forward(step, state.cache, last_only=True)  # [1, V]
-                out.append(int(logits[-1].argmax()))
+            while len(out) < k:
+                t0 = time.perf_counter()
+                logits = self.model.forward(step, state.cache, last_only=True)[-1]  # [V]
+                self._timed(time.perf_counter() - t0)
+                p, token = torch.softmax(logits, -1).max(-1)
+                chain_p *= float(p)
+                if chain_p < min_p:
+                    break
+                out.append(int(token))
                 step = out[-1:]
         state.cache.truncate(len(text))
         state.fed = len(text)
         return out
 
-    async def propose_async(self, state: GapState, text: Sequence[int], k: int
-                            ) -> tuple[list[int], float]:
-        """propose() on the drafter's thread: (tokens, seconds it took there)."""
+    def _timed(self, seconds: float) -> None:
+        """step_s: a running mean of one decode step's seconds (the cost of a proposal)."""
+        self.step_s = seconds if self.step_s is None else 0.8 * self.step_s + 0.2 * seconds
+
+    def min_p(self, pass_s: float | None) -> float:
+        """The chain probability a proposal must keep to be worth drafting: a proposal the
+        target accepts saves about one pass (pass_s, this session's recent pass time); it
+        costs one decode step (step_s). 0 until both are known."""
+        if not pass_s or self.step_s is None:
+            return 0.0
+        return min(1.0, self.step_s / pass_s)
+
+    async def propose_async(self, state: GapState, text: Sequence[int], k: int,
+                            pass_s: float | None = None) -> tuple[list[int], float]:
+        """propose() on the drafter's thread, worth-while proposals only (min_p of
+        pass_s): (tokens, seconds it took there)."""
         def run() -> tuple[list[int], float]:
             t0 = time.perf_counter()
-            return self.propose(state, text, k), time.perf_counter() - t0
+            return (self.propose(state, text, k, self.min_p(pass_s)),
+                    time.perf_counter() - t0)
         return await asyncio.get_running_loop().run_in_executor(self._pool, run)
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 from conftest import plain_greedy  # noqa: E402
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def gap(tiny_pair):
     tok_dir, model, ggufs = tiny_pair
     return GapDrafter.load(ggufs["f32"], Tokenizer.load(tok_dir).vocab_hash(),
@@ -39,6 +39,23 @@ def test_proposals_are_the_models_greedy_tokens_as_the_text_grows(gap, tiny_pair
         take = int(rng.integers(0, 5))  # the walk took this many, then decided one more
         text += got[:take] + [int(rng.integers(3, model.args.vocab_size))]
     assert state.fed == len(text) - 1 - take
+
+
+def test_proposals_stop_where_the_chains_probability_falls_below_min_p(gap, tiny_pair):
+    """min_p: the chain is cut before the first token that takes the drafter's own
+    probability of the whole chain below it (1.0: nothing is worth proposing)."""
+    _, model, _ = tiny_pair
+    text = [3, 17, 40, 99, 5]
+    full = gap.propose(gap.open(), text, 6)
+    probs = [float(torch.softmax(model(text + full[:i], model.new_cache(), last_only=True)[0],
+                                 -1)[full[i]]) for i in range(6)]
+    chain = np.cumprod(probs)
+    for n in (1, 3):
+        min_p = (chain[n - 1] + chain[n]) / 2
+        assert gap.propose(gap.open(), text, 6, min_p) == full[:n], (n, chain)
+    assert gap.propose(gap.open(), text, 6, 1.0) == []
+    gap.step_s = 0.002
+    assert gap.min_p(0.040) == pytest.approx(0.05) and gap.min_p(None) == 0.0
 
 
 def test_proposals_stop_at_the_drafters_context(gap):
@@ -91,14 +108,17 @@ def test_gap_proposals_never_change_the_decided_text(params, logits):
         assert accepted > 0
 
 
-def test_an_engine_session_proposes_with_the_gap_drafter_only_when_asked(gap, tiny_pair):
+def test_an_engine_session_proposes_with_the_gap_drafter_only_when_asked(gap, tiny_pair,
+                                                                         monkeypatch):
     """Engine.open_decided(gap=...) gives the session the drafter's state or none; with
-    none, a lone pass is left to prompt lookup (DecideLimits.propose as before)."""
+    none, a lone pass is left to prompt lookup (DecideLimits.propose as before). (The tiny
+    random model's probabilities are flat, so the min_p cut is turned off here.)"""
     from acespec.cloud.engine import Engine, Limits
 
     from verifier_harness import run
 
     tok_dir, model, _ = tiny_pair
+    monkeypatch.setattr(gap, "min_p", lambda pass_s: 0.0)
 
     async def go():
         eng = Engine(model, Tokenizer.load(tok_dir).vocab_hash(), "t", Limits(propose=4),

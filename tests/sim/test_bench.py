@@ -48,3 +48,27 @@ def test_bench_runs_every_mode_side_by_side(tiny_pair, tiny_hf_dir, tmp_path):
         assert row["wire_bytes_up_per_token"] > 0 and row["tokens"] == 8 * len(prompts)
     files = plot(summary, by_category(records), tmp_path / "plots")
     assert all(f.stat().st_size > 1000 for f in files)
+
+
+def test_bench_gap_mode_beside_the_others_from_the_command_line(tiny_pair, tiny_hf_dir,
+                                                               tmp_path):
+    """`acespec bench --modes ar,acespec,acespec-gap`: one verifier with --gap-drafter (the
+    edge's drafter file); only acespec-gap's sessions use it, and its text is ar's."""
+    import json
+    import subprocess
+    import sys
+
+    _, _, ggufs = tiny_pair
+    out = tmp_path / "gap.json"
+    p = subprocess.run([sys.executable, "-m", "acespec", "bench", "--model", str(tiny_hf_dir),
+                        "--drafter", str(ggufs["q8_0"]), "--modes", "ar,acespec,acespec-gap",
+                        "--per-category", "1", "--max-tokens", "12", "--link", "loopback",
+                        "--emulate-step-ms", "5,0.1", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = {r["mode"]: r for r in json.loads(out.read_text())["summary"]}
+    assert rows["acespec-gap"]["gap_ms_per_token"] > 0
+    assert rows["acespec"]["gap_ms_per_token"] == 0
+    n = len(load_prompts(per_category=1))
+    assert rows["acespec-gap"]["same_as_ar"] == rows["acespec"]["same_as_ar"] == f"{n}/{n}"
+    assert "gap_ms_per_token" in p.stdout
