@@ -150,20 +150,26 @@ class Engine:
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
         """One forward pass of a decided session: (first position, decided tokens)."""
         tokens = session.plan_pass(lookup_proposals=session.gap is None)
+        gap_s = 0.0
         if session.proposal_room:  # a lone pass: the gap drafter proposes first
             c = session.counts
-            proposals, seconds = await self.gap.propose_async(
+            proposals, gap_s = await self.gap.propose_async(
                 session.gap, list(session.tokens), session.proposal_room,
                 c.busy_s / c.passes if c.passes else None)
-            session.counts.gap_s += seconds
+            c.gap_s += gap_s
             session.add_proposals(proposals)
             tokens = session.pass_tokens()
         parents = session.pass_parents(session.cache.length)
         chain = parents == list(range(parents[0], parents[0] + len(parents)))
+        before = (session.counts.proposed, session.counts.proposed_accepted)
         t0 = time.perf_counter()
         logits = await self.batcher.score(Request(tokens, session.cache,
                                                   None if chain else parents))
         start, new = session.finish_pass(logits.cpu().numpy(), time.perf_counter() - t0)
+        if self.metrics:
+            self.metrics.on_proposals("gap" if session.gap else "lookup",
+                                      session.counts.proposed - before[0],
+                                      session.counts.proposed_accepted - before[1], gap_s)
         keep = session.kept_slots()
         if keep == list(range(len(keep))):
             session.cache.truncate(len(keep))  # a chain: the rejected drafts' slots

@@ -17,6 +17,8 @@ class Metrics:
     message_bytes: object
     errors: object
     allreduce_bytes: object
+    proposals: object
+    gap_seconds: object
 
     @classmethod
     def create(cls) -> Metrics:
@@ -39,7 +41,20 @@ class Metrics:
             allreduce_bytes=Gauge("acespec_tp_allreduce_bytes", "Bytes rank 0 all-reduced "
                                   "with the other tensor-parallel ranks since start (0 on "
                                   "one device)", registry=r),
+            proposals=Counter("acespec_proposals", "The verifier's own proposals in passes "
+                              "no edge draft covered, by source (lookup, gap) and fate "
+                              "(scored, accepted)", ["source", "fate"], registry=r),
+            gap_seconds=Counter("acespec_gap_seconds", "Seconds the gap drafter spent "
+                                "decoding proposals", registry=r),
         )
+
+    def on_proposals(self, source: str, scored: int, accepted: int, gap_s: float) -> None:
+        """One pass's own proposals (acespec.cloud.decided): what was scored and taken."""
+        if scored:
+            self.proposals.labels(source, "scored").inc(scored)
+            self.proposals.labels(source, "accepted").inc(accepted)
+        if gap_s:
+            self.gap_seconds.inc(gap_s)
 
     def on_pass(self, stats) -> None:
         self.forward_passes.inc()

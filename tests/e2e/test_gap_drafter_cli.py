@@ -5,6 +5,8 @@ stats say what it proposed and what it cost; a wrong file is one line and exit 2
 from __future__ import annotations
 
 import json
+import re
+import urllib.request
 
 import pytest
 
@@ -14,12 +16,20 @@ pytest.importorskip("llama_cpp")
 from acespec.models import DEMO_DRAFTER  # noqa: E402
 
 from cli_harness import acespec, verifier  # noqa: E402
+from conftest import free_port  # noqa: E402
 
 PROMPT = "def fibonacci(n):"
 
 
+def _metric(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    assert m, (name, text[-3000:])
+    return float(m.group(1))
+
+
 def test_a_gap_drafter_proposes_in_lone_passes_and_changes_no_token():
-    cloud, addr = verifier("--gap-drafter", str(DEMO_DRAFTER))
+    mport = free_port()
+    cloud, addr = verifier("--gap-drafter", str(DEMO_DRAFTER), "--metrics-port", str(mport))
     with cloud:
         runs = {}
         for mode in ("ar", "acespec"):
@@ -27,6 +37,8 @@ def test_a_gap_drafter_proposes_in_lone_passes_and_changes_no_token():
                         "--max-tokens", "48", "--json")
             assert q.returncode == 0, q.stderr[-2000:]
             runs[mode] = json.loads(q.stdout)
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10
+                                         ).read().decode()
         cloud.stop()
         log = cloud.stderr
     assert "gap drafter drafter-q8_0.gguf" in log
@@ -35,6 +47,10 @@ def test_a_gap_drafter_proposes_in_lone_passes_and_changes_no_token():
     st = runs["acespec"]["stats"]
     assert st["verifier_proposed"] > 0 and st["gap_s"] > 0, st
     assert st["lone_tokens"] > st["lone_passes"]  # lone passes decide more than one token
+    scored = _metric(metrics, 'acespec_proposals_total{source="gap",fate="scored"}')
+    taken = _metric(metrics, 'acespec_proposals_total{source="gap",fate="accepted"}')
+    assert scored == st["verifier_proposed"] and taken == st["proposed_accepted"]
+    assert _metric(metrics, "acespec_gap_seconds_total") == pytest.approx(st["gap_s"], abs=1e-3)
 
 
 @pytest.mark.parametrize("path, words", [

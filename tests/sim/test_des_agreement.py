@@ -5,7 +5,9 @@ same link and modes through the real proxy and in the model.
 Stated tolerance: the model's tokens/s within 35 % of the real run for ar, sd, pipeline and
 acespec (greedy, so the verifier decides and the edge grows its speculation tree: the
 model's decided engine with `tree`, at the hit rate the real run measured, and with the
-verifier's own proposals deciding what the real run's lone passes decided) (mean over 20
+verifier's own proposals deciding what the real run's lone passes decided), and acespec-gap
+(the same with the verifier's gap drafter proposing, each proposal costing what the real
+run's gap drafter spent per proposal) (mean over 20
 model seeds; 5 prompts, 48 tokens each, real). The model knows the pair only through one
 per-position acceptance figure (and that hit rate), and the shared 2-core machine adds
 noise."""
@@ -44,9 +46,9 @@ def test_model_agrees_with_the_real_system(tiny_hf_dir, noisy_gguf):
     cal = calibrate(str(tiny_hf_dir), str(noisy_gguf), EMULATE, per_category=1, max_tokens=48)
     costs = Costs(**cal["costs"])
     prompts = load_prompts(None, 1)
-    cfg = BenchConfig(links=parse_links(LINK), modes=("ar", "sd", "pipeline", "acespec"),
-                      depth=4,
-                      window=8, max_tokens=48, emulate=EMULATE)
+    cfg = BenchConfig(links=parse_links(LINK),
+                      modes=("ar", "sd", "pipeline", "acespec", "acespec-gap"), depth=4,
+                      window=8, max_tokens=48, emulate=EMULATE, gap_drafter=str(noisy_gguf))
     records = asyncio.run(run_bench(cfg, str(tiny_hf_dir), str(noisy_gguf), prompts))
     (_, spec), = cfg.links
     report = {}
@@ -54,14 +56,17 @@ def test_model_agrees_with_the_real_system(tiny_hf_dir, noisy_gguf):
         runs = [r for r in records if r["mode"] == mode]
         real = sum(r["tokens"] for r in runs) / sum(r["seconds"] for r in runs)
         hits = sum(r["cache_hits"] for r in runs) / max(1, sum(r["cache_rejections"] for r in runs))
-        tree = mode == "acespec"
+        tree = mode.startswith("acespec")
         lone = sum(r.get("lone_passes") or 0 for r in runs)
+        proposed = sum(r.get("verifier_proposed") or 0 for r in runs)
+        gap_s = sum(r.get("gap_s") or 0.0 for r in runs) / max(1, proposed)  # per proposal
         per_lone = sum(r.get("lone_tokens") or 0 for r in runs) / max(1, lone)
         model = np.mean([simulate(Scenario(mode, spec, accept=cal["acceptance"], depth=4,
                                            window=8, tokens=48, seed=s, decided=tree,
                                            tree=tree, hit_rate=hits, branch_depth=4,
                                            propose=cfg.propose if tree else 0,
-                                           propose_accept=_per_position(per_lone, cfg.propose)),
+                                           propose_accept=_per_position(per_lone, cfg.propose),
+                                           propose_s=gap_s),
                                   costs).tokens_per_s for s in range(20)])
         report[mode] = (round(real, 1), round(float(model), 1))
     print("tokens/s (real, model):", report, "acceptance", cal["acceptance"], cal["costs"])
