@@ -240,9 +240,14 @@ class DecidedSession:
                                          self.limits.pass_nodes - len(fed)))
                               if self._lone else 0)
         if lookup_proposals and self.proposal_room:
-            self.add_proposals(lookup(self.tokens, self.proposal_room,
-                                      self.limits.propose_min_n))
+            self.add_proposals(self.looked_up())
         return self.pass_tokens()
+
+    def looked_up(self) -> list[int]:
+        """Prompt lookup's proposals for the planned lone pass (acespec.shared.lookup: what
+        followed the latest earlier occurrence of the text's last n-gram)."""
+        return [int(t) for t in lookup(self.tokens, self.proposal_room,
+                                       self.limits.propose_min_n)]
 
     def add_proposals(self, tokens: Sequence[int]) -> None:
         """The verifier's own chain for the planned lone pass, from the decided end (prompt

@@ -150,13 +150,17 @@ class Engine:
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
         """One forward pass of a decided session: (first position, decided tokens)."""
         tokens = session.plan_pass(lookup_proposals=session.gap is None)
-        gap_s = 0.0
-        if session.proposal_room:  # a lone pass: the gap drafter proposes first
+        gap_s, source = 0.0, "lookup"
+        if session.proposal_room:  # a lone pass: the gap drafter, where it pays, proposes
             c = session.counts
-            proposals, gap_s = await self.gap.propose_async(
-                session.gap, list(session.tokens), session.proposal_room,
-                c.busy_s / c.passes if c.passes else None)
-            c.gap_s += gap_s
+            pass_s = c.busy_s / c.passes if c.passes else None
+            if self.gap.worth(session.gap, pass_s):
+                proposals, gap_s = await self.gap.propose_async(
+                    session.gap, list(session.tokens), session.proposal_room, pass_s)
+                c.gap_s += gap_s
+                source = "gap"
+            else:
+                proposals = session.looked_up()
             session.add_proposals(proposals)
             tokens = session.pass_tokens()
         parents = session.pass_parents(session.cache.length)
@@ -166,10 +170,12 @@ class Engine:
         logits = await self.batcher.score(Request(tokens, session.cache,
                                                   None if chain else parents))
         start, new = session.finish_pass(logits.cpu().numpy(), time.perf_counter() - t0)
+        accepted = session.counts.proposed_accepted - before[1]
+        if source == "gap":
+            session.gap.settle(accepted)
         if self.metrics:
-            self.metrics.on_proposals("gap" if session.gap else "lookup",
-                                      session.counts.proposed - before[0],
-                                      session.counts.proposed_accepted - before[1], gap_s)
+            self.metrics.on_proposals(source, session.counts.proposed - before[0], accepted,
+                                      gap_s)
         keep = session.kept_slots()
         if keep == list(range(len(keep))):
             session.cache.truncate(len(keep))  # a chain: the rejected drafts' slots

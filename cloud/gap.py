@@ -35,12 +35,25 @@ from acespec.cloud.model import Transformer
 log = logging.getLogger(__name__)
 
 
+WARMUP = 4  # a session's first calls always run (they measure what the drafter earns)
+EXPLORE = 8  # while it does not pay, one lone pass in this many still asks it
+
+
 @dataclass
 class GapState:
-    """One session's drafter cache: it holds the session's text [:fed]."""
+    """One session's drafter cache (it holds the session's text [:fed]) and what the
+    drafter has earned in this session: calls, decode steps, proposals accepted."""
 
     cache: KVCache
     fed: int = 0
+    calls: int = 0
+    steps: int = 0
+    accepted: int = 0
+    skipped: int = 0  # lone passes since the last call, while it does not pay
+
+    def settle(self, accepted: int) -> None:
+        """The pass after a call took this many of its proposals."""
+        self.accepted += accepted
 
 
 class GapDrafter:
@@ -94,6 +107,7 @@ class GapDrafter:
         k = min(k, room)
         if k <= 0 or not text:
             return []
+        state.calls += 1
         keep = min(state.fed, len(text) - 1)  # the last token is fed again: its logits
         state.cache.truncate(keep)
         out: list[int] = []
@@ -104,6 +118,7 @@ class GapDrafter:
                 t0 = time.perf_counter()
                 logits = self.model.forward(step, state.cache, last_only=True)[-1]  # [V]
                 self._timed(time.perf_counter() - t0)
+                state.steps += 1
                 p, token = torch.softmax(logits, -1).max(-1)
                 chain_p *= float(p)
                 if chain_p < min_p:
@@ -117,6 +132,22 @@ class GapDrafter:
     def _timed(self, seconds: float) -> None:
         """step_s: a running mean of one decode step's seconds (the cost of a proposal)."""
         self.step_s = seconds if self.step_s is None else 0.8 * self.step_s + 0.2 * seconds
+
+    def worth(self, state: GapState, pass_s: float | None) -> bool:
+        """Whether to ask the drafter in this lone pass: while the proposals it got
+        accepted in this session, each saving about a pass (pass_s), outweigh the decode
+        steps they cost (step_s each), or during the first WARMUP calls. Where it does not
+        pay (a drafter the target rarely agrees with, or a slow one), prompt lookup
+        proposes instead, and one lone pass in EXPLORE still asks it."""
+        if state.calls < WARMUP or not pass_s or self.step_s is None:
+            return True
+        if state.accepted * pass_s >= state.steps * self.step_s:
+            return True
+        state.skipped += 1
+        if state.skipped >= EXPLORE:
+            state.skipped = 0
+            return True
+        return False
 
     def min_p(self, pass_s: float | None) -> float:
         """The chain probability a proposal must keep to be worth drafting: a proposal the

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from test_decided_proposals import COUPLED, GREEDY, V, _decode, hashed, periodic  # noqa: E402
 
+from acespec.cloud.gap import WARMUP as WARMUP_CALLS  # noqa: E402
 from acespec.cloud.gap import GapDrafter  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 
@@ -136,3 +137,45 @@ def test_an_engine_session_proposes_with_the_gap_drafter_only_when_asked(gap, ti
     assert s[True].counts.gap_s > 0 and s[True].counts.proposed > 0
     assert s[True].counts.passes < s[False].counts.passes  # its own greedy tokens: all taken
     assert s[False].counts.gap_s == 0 and s[False].gap is None
+
+
+def test_a_drafter_that_costs_more_than_it_earns_is_asked_rarely(gap, tiny_pair, monkeypatch):
+    """worth(): after WARMUP calls, a drafter whose accepted proposals (each saving about a
+    pass) are worth less than its decode steps is asked in one lone pass of EXPLORE; the
+    others go to prompt lookup. The text is the target's greedy text either way."""
+    from acespec.cloud.engine import Engine, Limits
+    from acespec.cloud.gap import EXPLORE, WARMUP
+
+    from verifier_harness import run
+
+    tok_dir, model, _ = tiny_pair
+    monkeypatch.setattr(gap, "min_p", lambda pass_s: 0.0)
+
+    def slow(seconds: float) -> None:  # every decode step "takes" 10 s
+        gap.step_s = 10.0
+    monkeypatch.setattr(gap, "_timed", slow)
+    prompt = [1, 5, 9, 14]
+
+    async def go():
+        eng = Engine(model, Tokenizer.load(tok_dir).vocab_hash(), "t", Limits(propose=1),
+                     gap=gap)
+        _, s, _ = await eng.open_decided(prompt, GREEDY, 0, 60, [])
+        while not s.done:
+            await eng.decided_pass(s)
+        return s
+
+    s = run(go())
+    assert s.tokens == prompt + plain_greedy(model, prompt, 60)
+    lone = s.counts.lone_passes
+    assert lone > 20 and s.gap.calls == WARMUP + (lone - WARMUP) // EXPLORE
+
+
+def test_worth_weighs_what_was_accepted_against_the_steps(gap):
+    state = gap.open()
+    gap.step_s = 0.010
+    state.calls, state.steps, state.accepted = WARMUP_CALLS, 8, 2
+    assert gap.worth(state, 0.040)  # 2 x 40 ms saved >= 8 x 10 ms spent
+    state.accepted = 1
+    asked = [gap.worth(state, 0.040) for _ in range(16)]
+    assert asked.count(True) == 2 and asked[7] and asked[15]
+    assert gap.worth(gap.open(), 0.040)  # warm-up
