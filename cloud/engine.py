@@ -154,13 +154,14 @@ class Engine:
         if session.proposal_room:  # a lone pass: the gap drafter, where it pays, proposes
             c = session.counts
             pass_s = c.busy_s / c.passes if c.passes else None
+            proposals: list[int] = []
             if self.gap.worth(session.gap, pass_s):
                 proposals, gap_s = await self.gap.propose_async(
                     session.gap, list(session.tokens), session.proposal_room, pass_s)
                 c.gap_s += gap_s
                 source = "gap"
-            else:
-                proposals = session.looked_up()
+            if not proposals:  # not worth asking, or nothing worth proposing
+                proposals, source = session.looked_up(), "lookup"
             session.add_proposals(proposals)
             tokens = session.pass_tokens()
         parents = session.pass_parents(session.cache.length)
