@@ -150,18 +150,18 @@ class Engine:
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
         """One forward pass of a decided session: (first position, decided tokens)."""
         tokens = session.plan_pass(lookup_proposals=session.gap is None)
-        gap_s, source = 0.0, "lookup"
+        gap_s, source, alt = 0.0, "lookup", []
         if session.proposal_room:  # a lone pass: the gap drafter, where it pays, proposes
             c = session.counts
             pass_s = c.busy_s / c.passes if c.passes else None
-            proposals: list[int] = []
+            proposals, alt = [], session.looked_up()  # alt: lookup's, free
             if self.gap.worth(session.gap, pass_s):
                 proposals, gap_s = await self.gap.propose_async(
                     session.gap, list(session.tokens), session.proposal_room, pass_s)
                 c.gap_s += gap_s
                 source = "gap"
             if not proposals:  # not worth asking, or nothing worth proposing
-                proposals, source = session.looked_up(), "lookup"
+                proposals, source = alt, "lookup"
             session.add_proposals(proposals)
             tokens = session.pass_tokens()
         parents = session.pass_parents(session.cache.length)
@@ -173,7 +173,7 @@ class Engine:
         start, new = session.finish_pass(logits.cpu().numpy(), time.perf_counter() - t0)
         accepted = session.counts.proposed_accepted - before[1]
         if source == "gap":
-            session.gap.settle(accepted)
+            session.gap.settle(accepted, _agreeing(alt, new))
         if self.metrics:
             self.metrics.on_proposals(source, session.counts.proposed - before[0], accepted,
                                       gap_s)
@@ -265,3 +265,12 @@ class Engine:
         await self.batcher.close()
         if self.gap:
             self.gap.close()
+
+
+def _agreeing(proposals: Sequence[int], decided: Sequence[int]) -> int:
+    """How many of `proposals` a pass that decided `decided` (from the same position)
+    would have accepted: their prefix equal to what was decided."""
+    n = 0
+    while n < min(len(proposals), len(decided)) and proposals[n] == decided[n]:
+        n += 1
+    return n

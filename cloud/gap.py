@@ -42,18 +42,23 @@ EXPLORE = 8  # while it does not pay, one lone pass in this many still asks it
 @dataclass
 class GapState:
     """One session's drafter cache (it holds the session's text [:fed]) and what the
-    drafter has earned in this session: calls, decode steps, proposals accepted."""
+    drafter has earned in this session: calls, decode steps, proposals accepted, and what
+    prompt lookup (free) would have had accepted in the same passes."""
 
     cache: KVCache
     fed: int = 0
     calls: int = 0
     steps: int = 0
     accepted: int = 0
+    baseline: int = 0  # prompt lookup's proposals that would have been accepted instead
     skipped: int = 0  # lone passes since the last call, while it does not pay
 
-    def settle(self, accepted: int) -> None:
-        """The pass after a call took this many of its proposals."""
+    def settle(self, accepted: int, baseline: int) -> None:
+        """The pass after a call took `accepted` of its proposals; lookup's would have
+        had `baseline` taken (verdicts do not depend on proposals, so this is exact up to
+        the tokens that pass decided)."""
         self.accepted += accepted
+        self.baseline += baseline
 
 
 class GapDrafter:
@@ -135,13 +140,14 @@ class GapDrafter:
 
     def worth(self, state: GapState, pass_s: float | None) -> bool:
         """Whether to ask the drafter in this lone pass: while the proposals it got
-        accepted in this session, each saving about a pass (pass_s), outweigh the decode
-        steps they cost (step_s each), or during the first WARMUP calls. Where it does not
-        pay (a drafter the target rarely agrees with, or a slow one), prompt lookup
-        proposes instead, and one lone pass in EXPLORE still asks it."""
+        accepted in this session beyond what prompt lookup would have had accepted, each
+        saving about a pass (pass_s), outweigh the decode steps they cost (step_s each),
+        or during the first WARMUP calls. Where it does not pay (a drafter the target
+        rarely agrees with, or a slow one), prompt lookup proposes instead, and one lone
+        pass in EXPLORE still asks it."""
         if state.calls < WARMUP or not pass_s or self.step_s is None:
             return True
-        if state.accepted * pass_s >= state.steps * self.step_s:
+        if (state.accepted - state.baseline) * pass_s >= state.steps * self.step_s:
             return True
         state.skipped += 1
         if state.skipped >= EXPLORE:

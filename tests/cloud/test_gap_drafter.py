@@ -170,12 +170,21 @@ def test_a_drafter_that_costs_more_than_it_earns_is_asked_rarely(gap, tiny_pair,
     assert lone > 20 and s.gap.calls == WARMUP + (lone - WARMUP) // EXPLORE
 
 
-def test_worth_weighs_what_was_accepted_against_the_steps(gap):
+def test_worth_weighs_what_was_accepted_beyond_lookup_against_the_steps(gap):
     state = gap.open()
     gap.step_s = 0.010
-    state.calls, state.steps, state.accepted = WARMUP_CALLS, 8, 2
-    assert gap.worth(state, 0.040)  # 2 x 40 ms saved >= 8 x 10 ms spent
-    state.accepted = 1
+    state.calls, state.steps, state.accepted, state.baseline = WARMUP_CALLS, 8, 5, 3
+    assert gap.worth(state, 0.040)  # (5 - 3) x 40 ms saved >= 8 x 10 ms spent
+    state.baseline = 4  # lookup would have had 4 of those 5 accepted anyway
     asked = [gap.worth(state, 0.040) for _ in range(16)]
     assert asked.count(True) == 2 and asked[7] and asked[15]
     assert gap.worth(gap.open(), 0.040)  # warm-up
+
+
+def test_lookups_counterfactual_is_its_prefix_agreeing_with_what_was_decided():
+    from acespec.cloud.engine import _agreeing
+
+    assert _agreeing([4, 5, 6], [4, 5, 9]) == 2
+    assert _agreeing([4, 5], [4, 5, 6]) == 2
+    assert _agreeing([4, 5, 6], [4]) == 1  # beyond what the pass decided: not counted
+    assert _agreeing([], [4]) == 0 and _agreeing([7], [4]) == 0
