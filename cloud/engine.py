@@ -157,7 +157,7 @@ class Engine:
             proposals, alt = [], session.looked_up()  # alt: lookup's, free
             if self.gap.worth(session.gap, pass_s):
                 proposals, gap_s = await self.gap.propose_async(
-                    session.gap, list(session.tokens), session.proposal_room, pass_s)
+                    session.gap, list(session.tokens), session.proposal_room)
                 c.gap_s += gap_s
                 source = "gap"
             if not proposals:  # not worth asking, or nothing worth proposing

@@ -101,13 +101,9 @@ class GapDrafter:
     def open(self) -> GapState:
         return GapState(self.model.new_cache(256))
 
-    def propose(self, state: GapState, text: Sequence[int], k: int, min_p: float = 0.0
-                ) -> list[int]:
+    def propose(self, state: GapState, text: Sequence[int], k: int) -> list[int]:
         """Up to k greedy tokens after `text` [D] (the session's decided text); fewer near
-        the drafter's context end, and none past the point where the drafter's own
-        probability of the whole chain so far falls below min_p (a proposal the target
-        would likely reject is not worth its decode). The cache holds text afterwards,
-        never the proposals."""
+        the drafter's context end. The cache holds text afterwards, never the proposals."""
         room = self.model.args.max_position_embeddings - len(text)
         k = min(k, room)
         if k <= 0 or not text:
@@ -116,7 +112,6 @@ class GapDrafter:
         keep = min(state.fed, len(text) - 1)  # the last token is fed again: its logits
         state.cache.truncate(keep)
         out: list[int] = []
-        chain_p = 1.0  # the drafter's probability of out, as a chain
         step = list(map(int, text[keep:]))
         with torch.inference_mode():
             while len(out) < k:
@@ -124,11 +119,7 @@ class GapDrafter:
                 logits = self.model.forward(step, state.cache, last_only=True)[-1]  # [V]
                 self._timed(time.perf_counter() - t0)
                 state.steps += 1
-                p, token = torch.softmax(logits, -1).max(-1)
-                chain_p *= float(p)
-                if chain_p < min_p:
-                    break
-                out.append(int(token))
+                out.append(int(logits.argmax()))
                 step = out[-1:]
         state.cache.truncate(len(text))
         state.fed = len(text)
@@ -155,22 +146,12 @@ class GapDrafter:
             return True
         return False
 
-    def min_p(self, pass_s: float | None) -> float:
-        """The chain probability a proposal must keep to be worth drafting: a proposal the
-        target accepts saves about one pass (pass_s, this session's recent pass time); it
-        costs one decode step (step_s). 0 until both are known."""
-        if not pass_s or self.step_s is None:
-            return 0.0
-        return min(1.0, self.step_s / pass_s)
-
-    async def propose_async(self, state: GapState, text: Sequence[int], k: int,
-                            pass_s: float | None = None) -> tuple[list[int], float]:
-        """propose() on the drafter's thread, worth-while proposals only (min_p of
-        pass_s): (tokens, seconds it took there)."""
+    async def propose_async(self, state: GapState, text: Sequence[int], k: int
+                            ) -> tuple[list[int], float]:
+        """propose() on the drafter's thread: (tokens, seconds it took there)."""
         def run() -> tuple[list[int], float]:
             t0 = time.perf_counter()
-            return (self.propose(state, text, k, self.min_p(pass_s)),
-                    time.perf_counter() - t0)
+            return self.propose(state, text, k), time.perf_counter() - t0
         return await asyncio.get_running_loop().run_in_executor(self._pool, run)
 
     def close(self) -> None:

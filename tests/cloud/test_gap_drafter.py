@@ -42,23 +42,6 @@ def test_proposals_are_the_models_greedy_tokens_as_the_text_grows(gap, tiny_pair
     assert state.fed == len(text) - 1 - take
 
 
-def test_proposals_stop_where_the_chains_probability_falls_below_min_p(gap, tiny_pair):
-    """min_p: the chain is cut before the first token that takes the drafter's own
-    probability of the whole chain below it (1.0: nothing is worth proposing)."""
-    _, model, _ = tiny_pair
-    text = [3, 17, 40, 99, 5]
-    full = gap.propose(gap.open(), text, 6)
-    probs = [float(torch.softmax(model(text + full[:i], model.new_cache(), last_only=True)[0],
-                                 -1)[full[i]]) for i in range(6)]
-    chain = np.cumprod(probs)
-    for n in (1, 3):
-        min_p = (chain[n - 1] + chain[n]) / 2
-        assert gap.propose(gap.open(), text, 6, min_p) == full[:n], (n, chain)
-    assert gap.propose(gap.open(), text, 6, 1.0) == []
-    gap.step_s = 0.002
-    assert gap.min_p(0.040) == pytest.approx(0.05) and gap.min_p(None) == 0.0
-
-
 def test_proposals_stop_at_the_drafters_context(gap):
     state = gap.open()
     n = gap.model.args.max_position_embeddings
@@ -109,17 +92,14 @@ def test_gap_proposals_never_change_the_decided_text(params, logits):
         assert accepted > 0
 
 
-def test_an_engine_session_proposes_with_the_gap_drafter_only_when_asked(gap, tiny_pair,
-                                                                         monkeypatch):
+def test_an_engine_session_proposes_with_the_gap_drafter_only_when_asked(gap, tiny_pair):
     """Engine.open_decided(gap=...) gives the session the drafter's state or none; with
-    none, a lone pass is left to prompt lookup (DecideLimits.propose as before). (The tiny
-    random model's probabilities are flat, so the min_p cut is turned off here.)"""
+    none, a lone pass is left to prompt lookup (DecideLimits.propose as before)."""
     from acespec.cloud.engine import Engine, Limits
 
     from verifier_harness import run
 
     tok_dir, model, _ = tiny_pair
-    monkeypatch.setattr(gap, "min_p", lambda pass_s: 0.0)
 
     async def go():
         eng = Engine(model, Tokenizer.load(tok_dir).vocab_hash(), "t", Limits(propose=4),
@@ -149,7 +129,6 @@ def test_a_drafter_that_costs_more_than_it_earns_is_asked_rarely(gap, tiny_pair,
     from verifier_harness import run
 
     tok_dir, model, _ = tiny_pair
-    monkeypatch.setattr(gap, "min_p", lambda pass_s: 0.0)
 
     def slow(seconds: float) -> None:  # every decode step "takes" 10 s
         gap.step_s = 10.0
