@@ -150,12 +150,12 @@ class Engine:
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
         """One forward pass of a decided session: (first position, decided tokens)."""
         tokens = session.plan_pass(lookup_proposals=session.gap is None)
-        gap_s, source, alt = 0.0, "lookup", []
+        gap_s, source, alt, asked = 0.0, "lookup", [], False
         if session.proposal_room:  # a lone pass: the gap drafter, where it pays, proposes
             c = session.counts
-            pass_s = c.busy_s / c.passes if c.passes else None
             proposals, alt = [], session.looked_up()  # alt: lookup's, free
-            if self.gap.worth(session.gap, pass_s):
+            if self.gap.ledger.worth():
+                asked = True
                 proposals, gap_s = await self.gap.propose_async(
                     session.gap, list(session.tokens), session.proposal_room)
                 c.gap_s += gap_s
@@ -170,10 +170,11 @@ class Engine:
         t0 = time.perf_counter()
         logits = await self.batcher.score(Request(tokens, session.cache,
                                                   None if chain else parents))
-        start, new = session.finish_pass(logits.cpu().numpy(), time.perf_counter() - t0)
+        pass_s = time.perf_counter() - t0  # what one pass saved is worth
+        start, new = session.finish_pass(logits.cpu().numpy(), pass_s)
         accepted = session.counts.proposed_accepted - before[1]
-        if source == "gap":
-            session.gap.settle(accepted, _agreeing(alt, new))
+        if asked:  # (fallen back to lookup, it earned nothing: accepted is lookup's own)
+            self.gap.ledger.settle(accepted, _agreeing(alt, new), pass_s, gap_s)
         if self.metrics:
             self.metrics.on_proposals(source, session.counts.proposed - before[0], accepted,
                                       gap_s)

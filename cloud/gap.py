@@ -35,30 +35,51 @@ from acespec.cloud.model import Transformer
 log = logging.getLogger(__name__)
 
 
-WARMUP = 4  # a session's first calls always run (they measure what the drafter earns)
+WARMUP = 4  # the drafter's first calls always run (they measure what it earns)
 EXPLORE = 8  # while it does not pay, one lone pass in this many still asks it
+DECAY = 0.98  # the ledger's memory per call (about the last 50 calls count)
 
 
 @dataclass
 class GapState:
-    """One session's drafter cache (it holds the session's text [:fed]) and what the
-    drafter has earned in this session: calls, decode steps, proposals accepted, and what
-    prompt lookup (free) would have had accepted in the same passes."""
+    """One session's drafter cache: it holds the session's text [:fed]."""
 
     cache: KVCache
     fed: int = 0
     calls: int = 0
-    steps: int = 0
-    accepted: int = 0
-    baseline: int = 0  # prompt lookup's proposals that would have been accepted instead
+
+
+@dataclass
+class Ledger:
+    """What the drafter has earned and spent, over all sessions (one drafter, one target,
+    one kind of traffic), recent calls weighing most. Earned: its accepted proposals beyond
+    what prompt lookup (free) would have had accepted in the same passes, each saving
+    about a pass. Spent: its wall seconds, cache prefills of new sessions included."""
+
+    calls: int = 0
+    earned_s: float = 0.0
+    spent_s: float = 0.0
     skipped: int = 0  # lone passes since the last call, while it does not pay
 
-    def settle(self, accepted: int, baseline: int) -> None:
-        """The pass after a call took `accepted` of its proposals; lookup's would have
-        had `baseline` taken (verdicts do not depend on proposals, so this is exact up to
-        the tokens that pass decided)."""
-        self.accepted += accepted
-        self.baseline += baseline
+    def settle(self, accepted: int, baseline: int, pass_s: float, spent_s: float) -> None:
+        """A call's pass took `accepted` of its proposals, where lookup's would have had
+        `baseline` taken (verdicts do not depend on proposals: exact up to the tokens the
+        pass decided); the call took spent_s."""
+        self.calls += 1
+        self.earned_s = DECAY * self.earned_s + (accepted - baseline) * pass_s
+        self.spent_s = DECAY * self.spent_s + spent_s
+
+    def worth(self) -> bool:
+        """Ask the drafter in this lone pass? During the first WARMUP calls, and while it
+        has earned what it spent; else one lone pass in EXPLORE (prompt lookup proposes
+        in the others)."""
+        if self.calls < WARMUP or self.earned_s >= self.spent_s:
+            return True
+        self.skipped += 1
+        if self.skipped >= EXPLORE:
+            self.skipped = 0
+            return True
+        return False
 
 
 class GapDrafter:
@@ -66,7 +87,7 @@ class GapDrafter:
 
     def __init__(self, model: Transformer, name: str):
         self.model, self.name = model, name
-        self.step_s: float | None = None  # seconds per decode step, a running mean
+        self.ledger = Ledger()  # whether it pays (the engine asks and settles)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gap")
 
     @classmethod
@@ -115,36 +136,12 @@ class GapDrafter:
         step = list(map(int, text[keep:]))
         with torch.inference_mode():
             while len(out) < k:
-                t0 = time.perf_counter()
                 logits = self.model.forward(step, state.cache, last_only=True)[-1]  # [V]
-                self._timed(time.perf_counter() - t0)
-                state.steps += 1
                 out.append(int(logits.argmax()))
                 step = out[-1:]
         state.cache.truncate(len(text))
         state.fed = len(text)
         return out
-
-    def _timed(self, seconds: float) -> None:
-        """step_s: a running mean of one decode step's seconds (the cost of a proposal)."""
-        self.step_s = seconds if self.step_s is None else 0.8 * self.step_s + 0.2 * seconds
-
-    def worth(self, state: GapState, pass_s: float | None) -> bool:
-        """Whether to ask the drafter in this lone pass: while the proposals it got
-        accepted in this session beyond what prompt lookup would have had accepted, each
-        saving about a pass (pass_s), outweigh the decode steps they cost (step_s each),
-        or during the first WARMUP calls. Where it does not pay (a drafter the target
-        rarely agrees with, or a slow one), prompt lookup proposes instead, and one lone
-        pass in EXPLORE still asks it."""
-        if state.calls < WARMUP or not pass_s or self.step_s is None:
-            return True
-        if (state.accepted - state.baseline) * pass_s >= state.steps * self.step_s:
-            return True
-        state.skipped += 1
-        if state.skipped >= EXPLORE:
-            state.skipped = 0
-            return True
-        return False
 
     async def propose_async(self, state: GapState, text: Sequence[int], k: int
                             ) -> tuple[list[int], float]:

@@ -12,7 +12,6 @@ torch = pytest.importorskip("torch")
 
 from test_decided_proposals import COUPLED, GREEDY, V, _decode, hashed, periodic  # noqa: E402
 
-from acespec.cloud.gap import WARMUP as WARMUP_CALLS  # noqa: E402
 from acespec.cloud.gap import GapDrafter  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 
@@ -119,20 +118,17 @@ def test_an_engine_session_proposes_with_the_gap_drafter_only_when_asked(gap, ti
     assert s[False].counts.gap_s == 0 and s[False].gap is None
 
 
-def test_a_drafter_that_costs_more_than_it_earns_is_asked_rarely(gap, tiny_pair, monkeypatch):
-    """worth(): after WARMUP calls, a drafter whose accepted proposals (each saving about a
-    pass) are worth less than its decode steps is asked in one lone pass of EXPLORE; the
-    others go to prompt lookup. The text is the target's greedy text either way."""
+def test_a_drafter_that_has_spent_more_than_it_earned_is_asked_rarely(gap, tiny_pair):
+    """A ledger deep in the red (100 s spent, nothing earned) stays there over a session:
+    the drafter is asked in one lone pass of EXPLORE, prompt lookup proposes in the others,
+    and the text is the target's greedy text either way."""
     from acespec.cloud.engine import Engine, Limits
-    from acespec.cloud.gap import EXPLORE, WARMUP
+    from acespec.cloud.gap import EXPLORE, WARMUP, Ledger
 
     from verifier_harness import run
 
     tok_dir, model, _ = tiny_pair
-
-    def slow(seconds: float) -> None:  # every decode step "takes" 10 s
-        gap.step_s = 10.0
-    monkeypatch.setattr(gap, "_timed", slow)
+    gap.ledger = Ledger(calls=WARMUP, spent_s=100.0)
     prompt = [1, 5, 9, 14]
 
     async def go():
@@ -146,18 +142,26 @@ def test_a_drafter_that_costs_more_than_it_earns_is_asked_rarely(gap, tiny_pair,
     s = run(go())
     assert s.tokens == prompt + plain_greedy(model, prompt, 60)
     lone = s.counts.lone_passes
-    assert lone > 20 and s.gap.calls == WARMUP + (lone - WARMUP) // EXPLORE
+    assert lone > 20 and s.gap.calls == lone // EXPLORE
+    assert gap.ledger.calls == WARMUP + s.gap.calls and gap.ledger.spent_s > 50
 
 
-def test_worth_weighs_what_was_accepted_beyond_lookup_against_the_steps(gap):
-    state = gap.open()
-    gap.step_s = 0.010
-    state.calls, state.steps, state.accepted, state.baseline = WARMUP_CALLS, 8, 5, 3
-    assert gap.worth(state, 0.040)  # (5 - 3) x 40 ms saved >= 8 x 10 ms spent
-    state.baseline = 4  # lookup would have had 4 of those 5 accepted anyway
-    asked = [gap.worth(state, 0.040) for _ in range(16)]
-    assert asked.count(True) == 2 and asked[7] and asked[15]
-    assert gap.worth(gap.open(), 0.040)  # warm-up
+def test_the_ledger_asks_while_earned_covers_spent():
+    from acespec.cloud.gap import DECAY, EXPLORE, WARMUP, Ledger
+
+    book = Ledger()
+    for _ in range(WARMUP):  # warm-up: asked whatever it costs
+        assert book.worth()
+        book.settle(accepted=0, baseline=0, pass_s=0.040, spent_s=1.0)
+    asked = [book.worth() for _ in range(2 * EXPLORE)]
+    assert asked.count(True) == 2 and asked[EXPLORE - 1] and asked[-1]
+    book = Ledger(calls=WARMUP)
+    book.settle(accepted=3, baseline=1, pass_s=0.040, spent_s=0.070)  # 80 ms earned
+    assert book.worth()
+    book.settle(accepted=1, baseline=1, pass_s=0.040, spent_s=0.020)  # lookup had it too
+    assert not book.worth()
+    assert book.earned_s == pytest.approx(DECAY * 0.080)
+    assert book.spent_s == pytest.approx(DECAY * 0.070 + 0.020)
 
 
 def test_lookups_counterfactual_is_its_prefix_agreeing_with_what_was_decided():
