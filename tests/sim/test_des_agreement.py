@@ -61,7 +61,8 @@ def test_model_agrees_with_the_real_system(tiny_hf_dir, noisy_gguf):
         proposed = sum(r.get("verifier_proposed") or 0 for r in runs)
         gap_s = sum(r.get("gap_s") or 0.0 for r in runs) / max(1, proposed)  # per proposal
         per_lone = sum(r.get("lone_tokens") or 0 for r in runs) / max(1, lone)
-        model = np.mean([simulate(Scenario(mode, spec, accept=cal["acceptance"], depth=4,
+        model = np.mean([simulate(Scenario("acespec" if tree else mode, spec,
+                                           accept=cal["acceptance"], depth=4,
                                            window=8, tokens=48, seed=s, decided=tree,
                                            tree=tree, hit_rate=hits, branch_depth=4,
                                            propose=cfg.propose if tree else 0,
