@@ -150,19 +150,8 @@ class Engine:
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
         """One forward pass of a decided session: (first position, decided tokens)."""
         tokens = session.plan_pass(lookup_proposals=session.gap is None)
-        gap_s, source, alt, asked = 0.0, "lookup", [], False
-        if session.proposal_room:  # a lone pass: the gap drafter, where it pays, proposes
-            c = session.counts
-            proposals, alt = [], session.looked_up()  # alt: lookup's, free
-            if self.gap.ledger.worth():
-                asked = True
-                proposals, gap_s = await self.gap.propose_async(
-                    session.gap, list(session.tokens), session.proposal_room)
-                c.gap_s += gap_s
-                source = "gap"
-            if not proposals:  # not worth asking, or nothing worth proposing
-                proposals, source = alt, "lookup"
-            session.add_proposals(proposals)
+        lone = await self._lone_proposals(session) if session.proposal_room else None
+        if lone:
             tokens = session.pass_tokens()
         parents = session.pass_parents(session.cache.length)
         chain = parents == list(range(parents[0], parents[0] + len(parents)))
@@ -173,17 +162,34 @@ class Engine:
         pass_s = time.perf_counter() - t0  # what one pass saved is worth
         start, new = session.finish_pass(logits.cpu().numpy(), pass_s)
         accepted = session.counts.proposed_accepted - before[1]
-        if asked:  # (fallen back to lookup, it earned nothing: accepted is lookup's own)
+        source, alt, gap_s = lone or ("lookup", [], None)
+        if gap_s is not None:  # the gap drafter was asked (fallen back to lookup, it
+            # earned nothing: accepted is then lookup's own)
             self.gap.ledger.settle(accepted, _agreeing(alt, new), pass_s, gap_s)
         if self.metrics:
             self.metrics.on_proposals(source, session.counts.proposed - before[0], accepted,
-                                      gap_s)
+                                      gap_s or 0.0)
         keep = session.kept_slots()
         if keep == list(range(len(keep))):
             session.cache.truncate(len(keep))  # a chain: the rejected drafts' slots
         else:
             session.cache.retain(keep)  # the walked branch, compacted
         return start, new
+
+    async def _lone_proposals(self, session: DecidedSession
+                              ) -> tuple[str, list[int], float | None]:
+        """Fill a gap session's lone pass: the gap drafter's proposals where its ledger says
+        it pays, else (or when it proposes nothing) prompt lookup's. Returns (source,
+        lookup's proposals, the drafter's seconds: None when it was not asked)."""
+        alt, gap_s = session.looked_up(), None  # lookup's: free, and the drafter's baseline
+        proposals, source = [], "lookup"
+        if self.gap.ledger.worth():
+            proposals, gap_s = await self.gap.propose_async(
+                session.gap, list(session.tokens), session.proposal_room)
+            session.counts.gap_s += gap_s
+            source = "gap" if proposals else "lookup"
+        session.add_proposals(proposals or alt)
+        return source, alt, gap_s
 
     async def extend(self, session: TreeSession, first_id: int, tokens: np.ndarray,
                      parents: np.ndarray) -> list[NodeScore]:

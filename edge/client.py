@@ -117,7 +117,6 @@ class CloudSession:
         self.messages_up = 0  # uplink messages written
         self.server_s = 0.0  # the last Scores' time at the verifier (queue + pass), seconds
         self.grows = False  # the verifier takes Grow (tree) messages in decided sessions
-        self.gap = False  # ... and its gap drafter proposes in this session's lone passes
         self._half_closed = False
 
     async def _write(self, msg: pb.Uplink) -> None:
@@ -168,7 +167,7 @@ class CloudSession:
         opened = (await self._read()).opened
         self.session_id, self.model_id = opened.session_id, opened.model_id
         self.max_live_nodes, self.next_id = opened.max_live_nodes, 1
-        self.grows, self.gap = opened.grows, opened.gap
+        self.grows = opened.grows
         if opened.decides:
             self.next_id = 0  # Grow node ids count from 0
         self._check_coupled(params, opened)

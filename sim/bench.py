@@ -55,12 +55,17 @@ class BenchConfig:
                              f"{MAX_WINDOW}]")
         if self.max_tokens < 1:
             raise ValueError(f"--max-tokens {self.max_tokens} must be >= 1")
-        if "acespec-gap" in self.modes and not self.gap_drafter:
+        if self.gap and not self.gap_drafter:
             raise ValueError("mode acespec-gap needs --gap-drafter")
+
+    @property
+    def gap(self) -> bool:
+        """The bench's verifier runs a gap drafter (mode acespec-gap is asked for)."""
+        return "acespec-gap" in self.modes
 
     def serve_flags(self) -> list[str]:
         """`acespec cloud serve` flags of the bench's verifier (besides host and port)."""
-        gap = ["--gap-drafter", self.gap_drafter] if "acespec-gap" in self.modes else []
+        gap = ["--gap-drafter", self.gap_drafter] if self.gap else []
         return ["--emulate-step-ms", self.emulate, "--grace", "1",
                 "--propose", str(self.propose)] + gap
 
@@ -123,7 +128,7 @@ async def _verifier_in_process(cfg: BenchConfig, model_dir: str):
     scfg = ServerConfig(model=model_dir, host="127.0.0.1", port=0,
                         emulation=StepEmulation.parse(cfg.emulate),
                         limits=Limits(propose=cfg.propose),
-                        gap_drafter=cfg.gap_drafter if "acespec-gap" in cfg.modes else "")
+                        gap_drafter=cfg.gap_drafter if cfg.gap else "")
     engine = load_engine(scfg)
     server, port = await create_server(engine, scfg)
 
