@@ -25,6 +25,7 @@ import numpy as np
 UP_PER_NODE = 3.0  # uplink bytes per node: token id varint + parent index (measured ~2-4)
 DOWN_PER_NODE = 6.0  # downlink bytes per node (greedy ~2; sampled 6-40 with the sparse p~)
 PER_MESSAGE = 30.0  # gRPC + HTTP/2 framing + field overhead per message, each way
+FITS = 7  # the bandwidth is the median of the link fits after this many recent exchanges
 
 
 @dataclass
@@ -32,7 +33,8 @@ class LinkEstimate:
     samples: deque = field(default_factory=lambda: deque(maxlen=24))  # (bytes, network_s)
     server: deque = field(default_factory=lambda: deque(maxlen=24))  # verifier time, s
     arrivals: deque = field(default_factory=lambda: deque(maxlen=16))  # (time, down bytes)
-    _bw: float | None = None  # bandwidth() of the current samples (the fit is not free)
+    fits: deque = field(default_factory=lambda: deque(maxlen=FITS))  # envelope per exchange
+    _bw: float | None = None  # bandwidth() of the current samples
     floor: float = float("inf")  # the session's least network time of an exchange, s
 
     def observe(self, bytes_up: int, bytes_down: int, rtt_s: float, server_s: float,
@@ -43,6 +45,9 @@ class LinkEstimate:
         self.floor = min(self.floor, self.samples[-1][1])
         self._bw = None
         self.server.append(float(server_s))
+        if self.ready:
+            b, t = np.array(self.samples).T
+            self.fits.append(min(self._envelope(), self._floor_rate(b, t)))
         if now is not None:
             self.arrivals.append((float(now), float(bytes_down)))
 
@@ -74,10 +79,13 @@ class LinkEstimate:
         """Bytes per second (one figure for both directions): from the slope of the lower
         envelope of network time against bytes (the least-queued exchanges: a line fit,
         refitted twice to the points on or below it; 1e9 when time does not grow with
-        bytes), but never below the measured downlink throughput (a saturated link queues
-        every exchange, which steepens the slope)."""
+        bytes), the median of the fits after each of the last FITS exchanges (one fit of
+        near-equal messages on a loaded link can read a slope ten times too flat, and a
+        budget sized from it floods the link), but never below the measured downlink
+        throughput (a saturated link queues every exchange, which steepens the slope)."""
         if self._bw is None:
-            self._bw = max(self._envelope(), self.throughput())
+            fit = float(np.median(self.fits)) if self.fits else self._envelope()
+            self._bw = max(fit, self.throughput())
         return self._bw
 
     def _envelope(self) -> float:
