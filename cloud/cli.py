@@ -40,15 +40,16 @@ def add_parser(sub) -> None:
     s.add_argument("--max-sessions", type=int, default=256)
     s.add_argument("--max-live-nodes", type=int, default=256, help="uncommitted nodes per session")
     s.add_argument("--max-prompt-tokens", type=int, default=4096)
-    s.add_argument("--propose", type=number(int, 0, 64), default=4, metavar="N",
+    s.add_argument("--propose", type=number(int, 0, 64), default=8, metavar="N",
                    help="greedy/coupled sessions: in a pass no edge draft covers, score up to "
                    "N tokens the verifier proposes itself from the session's text (prompt "
-                   "lookup); output is unchanged, only passes are saved; 0 turns it off "
+                   "lookup), as many as its measured acceptance and pass cost say pay; "
+                   "output is unchanged, only passes are saved; 0 turns it off "
                    "(default: %(default)s)")
     s.add_argument("--gap-drafter", metavar="PATH", default="",
                    help="a small drafter with the target's tokenizer (.gguf, e.g. the edge's "
                    "own drafter file, or an HF checkpoint folder), run here with torch: in "
-                   "a pass no edge draft covers, it proposes the --propose tokens instead of "
+                   "a pass no edge draft covers, it proposes (up to --propose tokens) instead of "
                    "prompt lookup. Output is unchanged; it costs its own decoding before "
                    "each such pass (default: none)")
     s.add_argument("--idle-timeout", type=float, default=300.0, help="seconds (default: %(default)s)")

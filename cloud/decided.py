@@ -29,7 +29,7 @@ import numpy as np
 
 from acespec.cloud.errors import InvalidArgument, ResourceExhausted
 from acespec.shared.coupled import coupled_target
-from acespec.shared.lookup import lookup
+from acespec.shared.lookup import lookup_order
 from acespec.shared.served import ServeParams, sample_served, served
 
 
@@ -55,7 +55,7 @@ class DecideLimits:
     vocab: int = 1 << 32  # token ids must be below this
     propose: int = 0  # a pass no draft covers scores up to this many of the verifier's own
     # proposals (prompt lookup over the session's text; 0: none)
-    propose_min_n: int = 2  # shortest n-gram a proposal must follow
+    propose_min_n: int = 1  # shortest n-gram a proposal must follow
 
 
 @dataclass
@@ -240,14 +240,15 @@ class DecidedSession:
                                          self.limits.pass_nodes - len(fed)))
                               if self._lone else 0)
         if lookup_proposals and self.proposal_room:
-            self.add_proposals(self.looked_up())
+            self.add_proposals(self.looked_up()[0])
         return self.pass_tokens()
 
-    def looked_up(self) -> list[int]:
+    def looked_up(self) -> tuple[list[int], int]:
         """Prompt lookup's proposals for the planned lone pass (acespec.shared.lookup: what
-        followed the latest earlier occurrence of the text's last n-gram)."""
-        return [int(t) for t in lookup(self.tokens, self.proposal_room,
-                                       self.limits.propose_min_n)]
+        followed the latest earlier occurrence of the text's last n-gram) and that n (0:
+        none)."""
+        tokens, n = lookup_order(self.tokens, self.proposal_room, self.limits.propose_min_n)
+        return [int(t) for t in tokens], n
 
     def add_proposals(self, tokens: Sequence[int]) -> None:
         """The verifier's own chain for the planned lone pass, from the decided end (prompt

@@ -24,6 +24,7 @@ from acespec.cloud.errors import (
 )
 from acespec.cloud.gap import GapDrafter
 from acespec.cloud.model import Request, Transformer
+from acespec.cloud.proposals import Depth
 from acespec.cloud.session import TreeSession
 from acespec.proto import PROTOCOL_VERSION
 from acespec.shared.served import NodeScore, ServeParams
@@ -42,8 +43,26 @@ class Limits:
     max_generate_tokens: int = 4096
     max_batch_nodes: int = 1024
     max_tail_per_node: int = 4096  # tail samples (Scores + MoreTail) per node
-    propose: int = 4  # decided sessions: the verifier's own proposals in a pass no draft
-    # covers (prompt lookup over the session's text; 0: none)
+    propose: int = 8  # decided sessions: the most of the verifier's own proposals in a pass
+    # no draft covers (prompt lookup over the session's text, or a gap drafter; as many as
+    # pay, acespec.cloud.proposals; 0: none)
+
+
+@dataclass
+class Lone:
+    """The verifier's proposals for one lone pass: where they came from, lookup's n-gram
+    order (0 for a gap drafter's), lookup's own (the gap drafter's baseline), the drafter's
+    seconds (None: not asked) and what the pass scores."""
+
+    source: str  # "lookup" | "gap"
+    order: int
+    lookup: list[int]
+    gap_s: float | None = None
+    proposals: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.proposals is None:
+            self.proposals = self.lookup
 
 
 @dataclass
@@ -68,6 +87,7 @@ class Engine:
         on_pass = self.metrics.on_pass if self.metrics else None
         self.batcher = Batcher(self.model, self.limits.max_batch_nodes, self.emulation, on_pass)
         self.sessions: dict[str, TreeSession] = {}
+        self.depth = Depth(max(1, self.limits.propose))  # lone passes' proposals worth scoring
         self.generating = 0  # Generate calls running now
         if self.metrics:
             self.metrics.sessions_active.set_function(lambda: self.active)
@@ -149,7 +169,7 @@ class Engine:
 
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
         """One forward pass of a decided session: (first position, decided tokens)."""
-        tokens = session.plan_pass(lookup_proposals=session.gap is None)
+        tokens = session.plan_pass(lookup_proposals=False)
         lone = await self._lone_proposals(session) if session.proposal_room else None
         if lone:
             tokens = session.pass_tokens()
@@ -160,15 +180,11 @@ class Engine:
         logits = await self.batcher.score(Request(tokens, session.cache,
                                                   None if chain else parents))
         pass_s = time.perf_counter() - t0  # what one pass saved is worth
+        self.depth.cost.observe(len(tokens), pass_s)
         start, new = session.finish_pass(logits.cpu().numpy(), pass_s)
-        accepted = session.counts.proposed_accepted - before[1]
-        source, alt, gap_s = lone or ("lookup", [], None)
-        if gap_s is not None:  # the gap drafter was asked (fallen back to lookup, it
-            # earned nothing: accepted is then lookup's own)
-            self.gap.ledger.settle(accepted, _agreeing(alt, new), pass_s, gap_s)
-        if self.metrics:
-            self.metrics.on_proposals(source, session.counts.proposed - before[0], accepted,
-                                      gap_s or 0.0)
+        if lone:
+            self._settle_proposals(lone, session.counts.proposed - before[0],
+                                   session.counts.proposed_accepted - before[1], new, pass_s)
         keep = session.kept_slots()
         if keep == list(range(len(keep))):
             session.cache.truncate(len(keep))  # a chain: the rejected drafts' slots
@@ -176,20 +192,37 @@ class Engine:
             session.cache.retain(keep)  # the walked branch, compacted
         return start, new
 
-    async def _lone_proposals(self, session: DecidedSession
-                              ) -> tuple[str, list[int], float | None]:
-        """Fill a gap session's lone pass: the gap drafter's proposals where its ledger says
-        it pays, else (or when it proposes nothing) prompt lookup's. Returns (source,
-        lookup's proposals, the drafter's seconds: None when it was not asked)."""
-        alt, gap_s = session.looked_up(), None  # lookup's: free, and the drafter's baseline
-        proposals, source = [], "lookup"
-        if self.gap.ledger.worth():
-            proposals, gap_s = await self.gap.propose_async(
-                session.gap, list(session.tokens), session.proposal_room)
-            session.counts.gap_s += gap_s
-            source = "gap" if proposals else "lookup"
-        session.add_proposals(proposals or alt)
-        return source, alt, gap_s
+    def _settle_proposals(self, lone: Lone, proposed: int, accepted: int, new: list[int],
+                          pass_s: float) -> None:
+        """A lone pass's proposals were walked: the depth statistics, the gap drafter's
+        ledger (against lookup's counterfactual) and the metrics learn what they earned."""
+        self.depth.settle(lone.order, proposed, accepted)
+        if lone.gap_s is not None:  # the gap drafter was asked (fallen back to lookup, it
+            # earned nothing: accepted is then lookup's own)
+            self.gap.ledger.settle(accepted, _agreeing(lone.lookup, new), pass_s, lone.gap_s)
+        if self.metrics:
+            self.metrics.on_proposals(lone.source, proposed, accepted, lone.gap_s or 0.0)
+
+    async def _lone_proposals(self, session: DecidedSession) -> Lone | None:
+        """Fill a lone pass with as many proposals as pay (self.depth): the gap drafter's
+        where the session has one and its ledger says it pays, else (or when it proposes
+        nothing) prompt lookup's. None when none is worth scoring."""
+        looked, order = session.looked_up()  # lookup's: free, and the drafter's baseline
+        lone = Lone("lookup", order, looked[:self.depth.depth(order, len(looked))])
+        if session.gap is not None and self.gap.ledger.worth():
+            k = self.depth.depth(0, session.proposal_room)
+            proposals, gap_s = (await self.gap.propose_async(session.gap, list(session.tokens), k)
+                                if k else ([], None))
+            if gap_s is not None:
+                session.counts.gap_s += gap_s
+            if proposals:
+                lone = Lone("gap", 0, lone.lookup, gap_s, proposals)
+            else:
+                lone.gap_s = gap_s
+        if not lone.proposals:
+            return None if lone.gap_s is None else lone
+        session.add_proposals(lone.proposals)
+        return lone
 
     async def extend(self, session: TreeSession, first_id: int, tokens: np.ndarray,
                      parents: np.ndarray) -> list[NodeScore]:

@@ -14,6 +14,13 @@ def lookup(tokens: Sequence[int] | np.ndarray, k: int, min_n: int = 1, max_n: in
     """Up to k tokens that followed the latest earlier occurrence of the text's last n
     tokens, for the largest n in [min_n, max_n] that occurs (only the last `window` tokens
     are searched); [] when none does. tokens: [L] int."""
+    return lookup_order(tokens, k, min_n, max_n, window)[0]
+
+
+def lookup_order(tokens: Sequence[int] | np.ndarray, k: int, min_n: int = 1, max_n: int = 4,
+                 window: int = 4096) -> tuple[list[int], int]:
+    """`lookup`'s tokens and the n of the n-gram they follow (0 when none occurs): a longer
+    match is likelier to go on."""
     arr = np.asarray(tokens[-window:], dtype=np.int64)  # slice first: a session's list is long
     n_max = min(max_n, len(arr) - 1)
     for n in range(n_max, min_n - 1, -1):
@@ -23,5 +30,5 @@ def lookup(tokens: Sequence[int] | np.ndarray, k: int, min_n: int = 1, max_n: in
         hits = np.flatnonzero((wins == tail).all(axis=1))
         if len(hits):
             start = int(hits[-1]) + n  # the latest occurrence: what followed it
-            return arr[start:start + k].tolist()
-    return []
+            return arr[start:start + k].tolist(), n
+    return [], 0

@@ -42,7 +42,7 @@ class BenchConfig:
     inline_verifier: bool = False
     per_category: int = 10  # prompts per category
     seed: int = 0
-    propose: int = 4  # the verifier's --propose (its own proposals in passes no draft covers)
+    propose: int = 8  # the verifier's --propose (its own proposals in passes no draft covers)
     gap_drafter: str = ""  # acespec-gap: the verifier's --gap-drafter (the other modes: off)
 
     def __post_init__(self):

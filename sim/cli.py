@@ -91,7 +91,7 @@ def add_bench_parser(sub) -> None:
                    metavar="T[,PER_TOKEN]",
                    help="TESTBED profile of the edge: pad each drafter decode to T ms "
                    "(+ PER_TOKEN ms per extra token in a batch) (default: off)")
-    b.add_argument("--propose", type=number(int, 0, 64), default=4, metavar="N",
+    b.add_argument("--propose", type=number(int, 0, 64), default=8, metavar="N",
                    help="the verifier's --propose: its own prompt-lookup proposals in a pass "
                    "no draft covers (0: off) (default: %(default)s)")
     b.add_argument("--gap-drafter", metavar="PATH",

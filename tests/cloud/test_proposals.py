@@ -1,0 +1,106 @@
+"""How many proposals a lone pass scores (acespec.cloud.proposals): the pass-cost line, the
+conditional acceptance by order and depth, and the real engine scoring fewer proposals
+where a node costs more, with the text unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from acespec.cloud.proposals import ORDERS, Depth, PassCost
+from acespec.shared.served import ServeParams
+from acespec.shared.tokenizer import Tokenizer
+
+GREEDY = ServeParams()
+
+
+def test_the_pass_cost_line_recovers_base_and_node_cost():
+    """Passes of 1-9 tokens costing 40 ms + 0.5 ms per token + up to 2 ms of noise (seed 0):
+    the base within 2 ms, the node cost within 0.2 ms."""
+    cost, rng = PassCost(), np.random.default_rng(0)
+    for _ in range(64):
+        n = int(rng.integers(1, 10))
+        cost.observe(n, 0.040 + 0.0005 * n + rng.uniform(0, 0.002))
+    base, per_node = cost.fit()
+    assert abs(base - 0.041) < 0.002 and abs(per_node - 0.0005) < 0.0002, (base, per_node)
+
+
+def test_passes_of_one_size_read_no_node_cost():
+    cost = PassCost()
+    for _ in range(16):
+        cost.observe(5, 0.03)
+    assert cost.fit() == (pytest.approx(0.03), 0.0)
+
+
+def test_settle_counts_what_the_walk_reached_and_took():
+    """Four proposals of order 2, the walk took two: depths 0-2 were reached, 0-1 taken; a
+    longer lookup match (order 7) counts in the last bucket."""
+    d = Depth(8)
+    d.settle(2, proposed=4, accepted=2)
+    got = [d.rate(2, i) for i in range(4)]
+    assert got == pytest.approx([2 / 3, 2 / 3, 1 / 3, 1 / 2], rel=0.01)
+    d.settle(7, proposed=1, accepted=1)
+    assert d.rate(ORDERS - 1, 0) == pytest.approx(2 / 3, rel=0.01)
+
+
+def test_the_depth_follows_acceptance_and_node_cost():
+    """On a 40 ms pass: proposals always taken, or each taken with probability 0.7 (seed 0),
+    are worth all 8 of the room at 0.5 ms a node; never taken, none is; at 20 ms a node
+    (half a pass), only the first of the 0.7 ones (0.7 > 1/2 > 0.7^2)."""
+    def depth(accept: float, per_node_s: float) -> int:
+        d, rng = Depth(8), np.random.default_rng(0)
+        for n in range(1, 17):  # the cost line: passes of 1..16 tokens
+            d.cost.observe(n, 0.040 + per_node_s * n)
+        for _ in range(400):
+            taken = 0
+            while taken < 8 and rng.random() < accept:
+                taken += 1
+            d.settle(1, proposed=8, accepted=taken)
+        return d.depth(1, 8)
+
+    assert depth(1.0, 0.0005) == 8
+    assert depth(0.0, 0.0005) == 0
+    assert depth(0.7, 0.0005) == 8
+    assert depth(0.7, 0.020) == 1
+
+
+def test_the_engine_scores_fewer_proposals_where_a_node_costs_more():
+    """The real engine (the demo target, a code prompt, greedy decided sessions) under
+    two step profiles: 40 ms + 0.5 ms per node, and 10 ms + 6 ms per node. Its proposals per
+    lone pass fall where a node costs more; the text is the target's greedy text in both and
+    with no proposals at all (propose 0)."""
+    from acespec.cloud.batcher import StepEmulation
+    from acespec.cloud.engine import Engine, Limits
+    from acespec.cloud.loader import load_model
+    from acespec.models import DEMO_TARGET
+
+    from verifier_harness import run
+
+    model, tok = load_model(DEMO_TARGET), Tokenizer.load(DEMO_TARGET)
+    vocab = tok.vocab_hash()
+    prompt = tok.encode("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n")
+
+    async def go(propose: int, base_ms: float, node_ms: float):
+        eng = Engine(model, vocab, "t", Limits(propose=propose),
+                     emulation=StepEmulation(base_ms, node_ms))
+        sessions = []
+        for _ in range(3):  # the engine's statistics carry over from session to session
+            _, s, _ = await eng.open_decided(prompt, GREEDY, 0, 40, [])
+            while not s.done:
+                await eng.decided_pass(s)
+            sessions.append(s)
+        return sessions
+
+    plain = run(go(0, 0.0, 0.0))
+    cheap = run(go(8, 40.0, 0.5))
+    dear = run(go(8, 10.0, 6.0))
+    for runs in (cheap, dear):
+        assert [s.tokens for s in runs] == [s.tokens for s in plain]
+
+    def per_lone(runs) -> float:
+        c = [s.counts for s in runs]
+        return sum(x.proposed for x in c) / max(1, sum(x.lone_passes for x in c))
+
+    print("proposals per lone pass: cheap", per_lone(cheap), "dear", per_lone(dear))
+    assert per_lone(cheap) > 1.5 * per_lone(dear)
+    assert sum(s.counts.passes for s in cheap) < sum(s.counts.passes for s in plain)
