@@ -28,6 +28,7 @@ import numpy as np
 DECAY = 0.995  # per settled pass: the rates follow the traffic over the last ~200 passes
 ORDERS = 4  # order buckets: 0 (a gap drafter), 1, 2, 3+ (prompt lookup's n-gram length)
 FIT_PASSES = 64  # the pass-cost line is fitted to this many recent passes
+EXPLORE = 16  # an order found not worth a proposal still gets one in this many lone passes
 
 
 @dataclass
@@ -64,10 +65,12 @@ class Depth:
     taken: np.ndarray = field(init=False)  # [ORDERS, max_depth]
     tried: np.ndarray = field(init=False)  # [ORDERS, max_depth]: reached by the walk
     cost: PassCost = field(default_factory=PassCost)
+    skipped: np.ndarray = field(init=False)  # [ORDERS]: lone passes since one was proposed
 
     def __post_init__(self) -> None:
         self.taken = np.ones((ORDERS, self.max_depth))  # Beta(1, 1): 1/2 before evidence
         self.tried = np.full((ORDERS, self.max_depth), 2.0)
+        self.skipped = np.zeros(ORDERS, int)
 
     def rate(self, order: int, i: int) -> float:
         o = min(order, ORDERS - 1)
@@ -75,7 +78,8 @@ class Depth:
 
     def depth(self, order: int, room: int) -> int:
         """Proposals worth scoring (at most room): while P(the walk takes the next one) times
-        a pass is more than the node costs."""
+        a pass is more than the node costs. One in EXPLORE lone passes of an order found not
+        worth any still scores one, so its rate can recover when the text changes."""
         base, per_node = self.cost.fit()
         reach, d = 1.0, 0
         for i in range(min(room, self.max_depth)):
@@ -83,6 +87,13 @@ class Depth:
             if reach * base <= per_node:
                 break
             d = i + 1
+        o = min(order, ORDERS - 1)
+        if d or not room:
+            self.skipped[o] = 0
+        elif (skipped := self.skipped[o] + 1) >= EXPLORE:
+            self.skipped[o], d = 0, 1
+        else:
+            self.skipped[o] = skipped
         return d
 
     def settle(self, order: int, proposed: int, accepted: int) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from acespec.cloud.proposals import ORDERS, Depth, PassCost
+from acespec.cloud.proposals import EXPLORE, ORDERS, Depth, PassCost
 from acespec.shared.served import ServeParams
 from acespec.shared.tokenizer import Tokenizer
 
@@ -62,6 +62,15 @@ def test_the_depth_follows_acceptance_and_node_cost():
     assert depth(0.0, 0.0005) == 0
     assert depth(0.7, 0.0005) == 8
     assert depth(0.7, 0.020) == 1
+
+
+def test_an_order_not_worth_a_proposal_still_gets_one_in_explore():
+    """Never taken: depth 0, except one proposal in every EXPLORE lone passes."""
+    d = Depth(8)
+    for _ in range(100):
+        d.settle(1, proposed=1, accepted=0)
+    got = [d.depth(1, 8) for _ in range(3 * EXPLORE)]
+    assert got.count(1) == 3 and set(got) == {0, 1} and got[EXPLORE - 1] == 1
 
 
 def test_the_engine_scores_fewer_proposals_where_a_node_costs_more():
