@@ -31,6 +31,19 @@ FIT_PASSES = 64  # the pass-cost line is fitted to this many recent passes
 EXPLORE = 16  # an order found not worth a proposal still gets one in this many lone passes
 
 
+def worth_depth(rates, pass_s: float, node_s: float) -> int:
+    """How many proposals to score: while the chance that the walk takes all of them so far
+    (the product of the conditional rates, in order) times a pass (what taking the last one
+    saves) is more than one node costs (node_s: its share of the pass, and any drafting)."""
+    reach, d = 1.0, 0
+    for rate in rates:
+        reach *= rate
+        if reach * pass_s <= node_s:
+            break
+        d += 1
+    return d
+
+
 @dataclass
 class PassCost:
     """Seconds per pass against its input tokens, from the recent passes."""
@@ -81,12 +94,8 @@ class Depth:
         a pass is more than the node costs. One in EXPLORE lone passes of an order found not
         worth any still scores one, so its rate can recover when the text changes."""
         base, per_node = self.cost.fit()
-        reach, d = 1.0, 0
-        for i in range(min(room, self.max_depth)):
-            reach *= self.rate(order, i)
-            if reach * base <= per_node:
-                break
-            d = i + 1
+        rates = [self.rate(order, i) for i in range(min(room, self.max_depth))]
+        d = worth_depth(rates, base, per_node)
         o = min(order, ORDERS - 1)
         if d or not room:
             self.skipped[o] = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from acespec.cloud.proposals import worth_depth
 from acespec.sim.des import Costs, Scenario, simulate
 from acespec.sim.stages import LinkSpec
 
@@ -12,16 +13,19 @@ from acespec.sim.stages import LinkSpec
 # the engine of greedy and coupled acespec sessions with one drafted chain (the verifier
 # decides and never waits); acespec-tree adds the speculation tree's guessed branches
 # (what those sessions run by default); acespec-gap adds the verifier's gap drafter, which
-# proposes GAP_PROPOSE tokens in each pass no draft covers, accepted like the edge's drafts
+# proposes in each pass no draft covers as many tokens (up to GAP_PROPOSE) as the verifier's
+# rule finds worth it (acespec.cloud.proposals.worth_depth), accepted like the edge's drafts
 # and each costing the drafter's own decode time (the edge's, a stand-in for a server's).
 MODES = ("ar", "sd", "pipeline", "acespec", "acespec-ideal", "acespec-decided", "acespec-tree",
          "acespec-gap")
-GAP_PROPOSE = 4  # cloud serve --propose's default
+GAP_PROPOSE = 8  # cloud serve --propose's default: the most a lone pass scores
 
 
 def _scenario(base: Scenario, mode: str, costs: Costs) -> Scenario:
     if mode == "acespec-gap":
-        return replace(_scenario(base, "acespec-tree", costs), propose=GAP_PROPOSE,
+        k = worth_depth([base.accept] * GAP_PROPOSE, costs.target_base_s,
+                        costs.target_per_node_s + costs.draft_s)
+        return replace(_scenario(base, "acespec-tree", costs), propose=k,
                        propose_accept=base.accept, propose_s=costs.draft_s)
     if mode == "acespec-ideal":
         return replace(base, mode="acespec", hit_continues=True)
