@@ -262,6 +262,12 @@ class DecidedSession:
             parent = nid
         self.proposal_room = 0
 
+    def pick(self, logits: np.ndarray, position: int) -> int:
+        """This session's verdict rule applied to a proposer's logits [V] at `position`: in a
+        coupled session a drafter's Gumbel-max with the target's noise there (what the
+        edge's coupled drafts are), so its proposal is taken whenever both agree."""
+        return decide(logits, self.params, self.seed, position)
+
     def pass_tokens(self) -> list[int]:
         """The planned pass's inputs [1 + n]: the last decided token, then the fed nodes."""
         return [self.tokens[-1]] + [self.nodes[i].token for i in self._in_pass]

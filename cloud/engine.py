@@ -211,8 +211,10 @@ class Engine:
         lone = Lone("lookup", order, looked[:self.depth.depth(order, len(looked))])
         if session.gap is not None and self.gap.ledger.worth():
             k = self.depth.depth(0, session.proposal_room)
-            proposals, gap_s = (await self.gap.propose_async(session.gap, list(session.tokens), k)
-                                if k else ([], None))
+            proposals, gap_s = (await self.gap.propose_async(
+                session.gap, list(session.tokens), k,
+                None if session.params.sampling.greedy else session.pick)
+                if k else ([], None))
             if gap_s is not None:
                 session.counts.gap_s += gap_s
             if proposals:

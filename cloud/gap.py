@@ -22,7 +22,7 @@ import asyncio
 import logging
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 WARMUP = 4  # the drafter's first calls always run (they measure what it earns)
 EXPLORE = 8  # while it does not pay, one lone pass in this many still asks it
 DECAY = 0.98  # the ledger's memory per call (about the last 50 calls count)
+Pick = Callable  # (logits [V] float32 numpy, position) -> the proposed token
 
 
 @dataclass
@@ -122,9 +123,13 @@ class GapDrafter:
     def open(self) -> GapState:
         return GapState(self.model.new_cache(256))
 
-    def propose(self, state: GapState, text: Sequence[int], k: int) -> list[int]:
-        """Up to k greedy tokens after `text` [D] (the session's decided text); fewer near
-        the drafter's context end. The cache holds text afterwards, never the proposals."""
+    def propose(self, state: GapState, text: Sequence[int], k: int,
+                pick: Pick | None = None) -> list[int]:
+        """Up to k tokens after `text` [D] (the session's decided text); fewer near the
+        drafter's context end. pick(logits [V], position) chooses each (default: greedy;
+        the engine passes the session's own verdict rule, so that in a coupled session the
+        drafter's pick at a position is its Gumbel-max with the target's noise there, the
+        edge's coupled drafting). The cache holds text afterwards, never the proposals."""
         room = self.model.args.max_position_embeddings - len(text)
         k = min(k, room)
         if k <= 0 or not text:
@@ -137,18 +142,19 @@ class GapDrafter:
         with torch.inference_mode():
             while len(out) < k:
                 logits = self.model.forward(step, state.cache, last_only=True)[-1]  # [V]
-                out.append(int(logits.argmax()))
+                out.append(int(logits.argmax()) if pick is None
+                           else pick(logits.float().cpu().numpy(), len(text) + len(out)))
                 step = out[-1:]
         state.cache.truncate(len(text))
         state.fed = len(text)
         return out
 
-    async def propose_async(self, state: GapState, text: Sequence[int], k: int
-                            ) -> tuple[list[int], float]:
+    async def propose_async(self, state: GapState, text: Sequence[int], k: int,
+                            pick: Pick | None = None) -> tuple[list[int], float]:
         """propose() on the drafter's thread: (tokens, seconds it took there)."""
         def run() -> tuple[list[int], float]:
             t0 = time.perf_counter()
-            return self.propose(state, text, k), time.perf_counter() - t0
+            return self.propose(state, text, k, pick), time.perf_counter() - t0
         return await asyncio.get_running_loop().run_in_executor(self._pool, run)
 
     def close(self) -> None:

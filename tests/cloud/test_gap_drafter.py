@@ -171,3 +171,30 @@ def test_lookups_counterfactual_is_its_prefix_agreeing_with_what_was_decided():
     assert _agreeing([4, 5], [4, 5, 6]) == 2
     assert _agreeing([4, 5, 6], [4]) == 1  # beyond what the pass decided: not counted
     assert _agreeing([], [4]) == 0 and _agreeing([7], [4]) == 0
+
+
+def test_coupled_sessions_get_the_drafters_coupled_picks(gap, tiny_pair):
+    """In a coupled session the drafter proposes its Gumbel-max with the target's noise at
+    each position (the session's own verdict rule), not its greedy token: the f32 copy of
+    the target then proposes exactly what the target decides, so every proposal scored is
+    taken (greedy picks would match a T=1 draw far less often), and the text is the one the
+    session decides with no proposals at all."""
+    from acespec.cloud.engine import Engine, Limits
+
+    from verifier_harness import run
+
+    tok_dir, model, _ = tiny_pair
+    vocab, prompt = Tokenizer.load(tok_dir).vocab_hash(), [1, 5, 9, 14]
+
+    async def go(propose: int):
+        eng = Engine(model, vocab, "t", Limits(propose=propose), gap=gap if propose else None)
+        _, s, _ = await eng.open_decided(prompt, COUPLED, 7, 30, [])
+        while not s.done:
+            await eng.decided_pass(s)
+        return s
+
+    plain, s = run(go(0)), run(go(4))
+    assert s.tokens == plain.tokens
+    assert s.counts.gap_s > 0 and s.counts.proposed > 0
+    assert s.counts.proposed_accepted == s.counts.proposed, vars(s.counts)
+    assert s.counts.passes < plain.counts.passes
