@@ -33,8 +33,8 @@ class LinkEstimate:
     samples: deque = field(default_factory=lambda: deque(maxlen=24))  # (bytes, network_s)
     server: deque = field(default_factory=lambda: deque(maxlen=24))  # verifier time, s
     arrivals: deque = field(default_factory=lambda: deque(maxlen=16))  # (time, down bytes)
-    fits: deque = field(default_factory=lambda: deque(maxlen=FITS))  # envelope per exchange
-    _bw: float | None = None  # bandwidth() of the current samples
+    fits: deque = field(default_factory=lambda: deque(maxlen=FITS))  # a fit per exchange
+    _bw: float | None = None  # bandwidth() of the current fits
     floor: float = float("inf")  # the session's least network time of an exchange, s
 
     def observe(self, bytes_up: int, bytes_down: int, rtt_s: float, server_s: float,
