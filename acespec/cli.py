@@ -42,9 +42,9 @@ def _add_models(sub) -> None:
                         help="distil a drafter from SmolLM2-135M-Instruct's own first layers",
                         description="Cut SmolLM2-135M-Instruct after its first layers (its "
                         "embedding, norm and head kept) and distil them from the whole target: "
-                        "on the target's answers to ShareGPT training-split prompts (llama.cpp) "
-                        "and its top-k over training-split conversations (torch; CUDA when "
-                        "present). Then GGUF F16/Q8_0 with the target's tokenizer, and greedy "
+                        "on the target's answers to ShareGPT training-split prompts and its "
+                        "top-k over training-split conversations (torch, bfloat16 where the "
+                        "device has it; CUDA when present). Then GGUF F16/Q8_0 with the target's tokenizer, and greedy "
                         "acceptance on evaluation-split chats per category. Every stage "
                         "resumes from --work; progress is logged.")
     s.add_argument("stage", nargs="?", default="all",
@@ -56,8 +56,10 @@ def _add_models(sub) -> None:
     s.add_argument("--work", default="runs/build-smollm2-drafter",
                    help="corpus, teacher and checkpoints (default: %(default)s)")
     s.add_argument("--preset", default="smollm2-8",
-                   choices=["smollm2-8", "smollm2", "tiny", "tiny-2"],
-                   help="'smollm2-8' (the shipped drafter: 8 layers grown from smollm2's "
+                   choices=["smollm2-8c", "smollm2-8", "smollm2", "tiny", "tiny-2"],
+                   help="'smollm2-8c' (the shipped drafter, trained on from its committed GGUF "
+                   "with fresh material: build it with --seed 1; ~1.5 h on one core), "
+                   "'smollm2-8' (8 layers grown from smollm2's "
                    "trained 6, which it builds first if missing; ~1 h more on one core), "
                    "'smollm2' (6 layers; ~2 h on two cores: 20 min per corpus stage, ~1 h "
                    "training), or 'tiny' / 'tiny-2' (a minute, for tests; default: %(default)s)")

@@ -6,9 +6,10 @@ starts; the layers and the final norm are then trained to predict the target's
 next-token distribution (embedding and head frozen: they are the target's).
 
 Stages, each skipped when its output exists (an interrupted build resumes by chunk/step):
-  answers  the target's own answers (llama.cpp on the Q4_1 GGUF the target is converted
-           from) to first user turns of the ShareGPT *training* split, its top-k kept at
-           every position (what acceptance is measured on: the target's answers);
+  answers  the target's own answers (the torch target, bfloat16 where the device has it,
+           64 chats side by side) to first user turns of the ShareGPT *training* split, its
+           top-k kept at every position (what acceptance is measured on: the target's
+           answers);
   scored   ShareGPT training conversations as written, teacher-forced through the torch
            target (a parallel prefill: far cheaper per token than generating), top-k kept;
   eval     the target's greedy answers to prompts of the *evaluation* split, balanced over
@@ -21,8 +22,10 @@ Stages, each skipped when its output exists (an interrupted build resumes by chu
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -55,6 +58,9 @@ class ExitPreset:
     n_seq: int = 16  # llama.cpp sequences decoded side by side
     ckpt: str = "drafter.ckpt"  # the training checkpoint's name in the work folder
     grow_from: str | None = None  # a shallower preset this one starts from (see grow)
+    # A drafter GGUF of the same depth, in this package's folder, whose layers and norm the
+    # training starts from (a shipped drafter trained on; see teacher.start_from_gguf).
+    start_gguf: str | None = None
 
 
 PRESETS = {
@@ -68,6 +74,13 @@ PRESETS = {
         layers=8, ckpt="drafter-8.ckpt", grow_from="smollm2",
         train=TrainConfig(steps=400, batch=8, seq_len=512, lr=3e-4, min_lr_frac=0.1, warmup=10,
                           weight_decay=0.0, ckpt_every=10, log_every=5)),
+    # The shipped 8-layer drafter trained on with fresh material: the target's answers to
+    # other training-split prompts (build with --seed 1) and bfloat16 autocast.
+    "smollm2-8c": ExitPreset(
+        layers=8, ckpt="drafter-8c.ckpt", start_gguf="drafter-q8_0.gguf",
+        answer_minutes=25.0, scored_minutes=10.0, n_seq=64,
+        train=TrainConfig(steps=300, batch=8, seq_len=512, lr=2e-4, min_lr_frac=0.1, warmup=10,
+                          weight_decay=0.0, ckpt_every=10, log_every=5, autocast=True)),
     # Seconds: every stage on a handful of chats (for the test).
     "tiny": ExitPreset(
         layers=1, train=TrainConfig(steps=4, batch=2, seq_len=64, warmup=1, ckpt_every=2,
@@ -77,6 +90,7 @@ PRESETS = {
         eval_per_category=1, eval_new=8, depths=(2,), n_seq=4),
 }
 PRESETS["tiny-2"] = replace(PRESETS["tiny"], layers=2, ckpt="drafter-2.ckpt", grow_from="tiny")
+HERE = Path(__file__).parent  # the shipped drafter's folder
 
 
 def _device():
@@ -85,10 +99,13 @@ def _device():
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def build_answers(target_gguf: Path, work: Path, preset: ExitPreset, seed: int,
+def build_answers(target_dir: Path, target_gguf: Path, work: Path, preset: ExitPreset, seed: int,
                   minutes: float | None = None) -> Path:
     """work/answers: the target's answers to training-split prompts (resumable by chunk)."""
+    import torch
+
     from acespec.models import sharegpt
+    from acespec.models.smollm2.answers import TorchBatch
     from acespec.models.smollm2.corpus import LlamaBatch, generate_corpus
 
     if (work / "answers" / DONE).is_file():
@@ -97,14 +114,17 @@ def build_answers(target_gguf: Path, work: Path, preset: ExitPreset, seed: int,
              and len(c.first_user) <= preset.max_prompt_chars]
     order = np.random.default_rng([seed, 3]).permutation(len(chats))[:preset.n_answer_prompts]
     texts = [chats[i].first_user for i in order]
-    model = LlamaBatch(target_gguf, n_seq=preset.n_seq, n_ctx_seq=512 + preset.max_new)
+    torch.set_num_threads(preset.train.threads)  # one core: the other stage runs beside it
+    tok = LlamaBatch(target_gguf, n_seq=1, n_ctx_seq=64)
+    model = TorchBatch(target_dir, tok, n_seq=preset.n_seq, n_ctx_seq=512 + preset.max_new,
+                       device=_device())
     minutes = preset.answer_minutes if minutes is None else minutes
     try:
         generate_corpus(model, texts, preset.max_new, preset.greedy_frac, preset.temperature,
-                        preset.top_k, seed, work / "answers", chunk=32,
+                        preset.top_k, seed, work / "answers", chunk=preset.n_seq,
                         deadline=time.time() + minutes * 60)
     finally:
-        model.close()
+        tok.close()
     (work / "answers" / DONE).touch()
     return work / "answers"
 
@@ -133,12 +153,15 @@ def build_eval(target_gguf: Path, work: Path, preset: ExitPreset, seed: int) -> 
 def build_scored(target_dir: Path, target_gguf: Path, work: Path, preset: ExitPreset, seed: int,
                  minutes: float | None = None) -> Path:
     """work/scored: training-split conversations teacher-forced through the torch target."""
+    import torch
+
     from acespec.models import sharegpt
     from acespec.models.smollm2.corpus import LlamaBatch
     from acespec.models.smollm2.teacher import score_corpus
 
     if (work / "scored" / DONE).is_file():
         return work / "scored"
+    torch.set_num_threads(preset.train.threads)  # one core: the other stage runs beside it
     chats = sharegpt.records("train")
     order = np.random.default_rng([seed, 5]).permutation(len(chats))[:preset.n_scored]
     tok = LlamaBatch(target_gguf, n_seq=1, n_ctx_seq=64)
@@ -161,7 +184,7 @@ def train_drafter(target_dir: Path, work: Path, preset: ExitPreset, seed: int):
 
     from acespec.models.smollm2.corpus import load_chunks
     from acespec.models.smollm2.distill import Batches, TeacherData
-    from acespec.models.smollm2.teacher import cut_target, grow
+    from acespec.models.smollm2.teacher import cut_target, grow, start_from_gguf
     from acespec.models.train import train
 
     # A grown preset needs its base only to start: once its own checkpoint exists it resumes.
@@ -177,6 +200,9 @@ def train_drafter(target_dir: Path, work: Path, preset: ExitPreset, seed: int):
     cfg, device = replace(preset.train, seed=seed), _device()
     torch.set_num_threads(cfg.threads)
     model = cut_target(target_dir, preset.layers)
+    if preset.start_gguf and not (work / preset.ckpt).is_file():
+        start_from_gguf(model, _start_copy(work, preset))
+        log.info("%d layers and the final norm from %s", preset.layers, preset.start_gguf)
     if base is not None:
         grow(model, start)
         log.info("%d layers: the first %d and the final norm from %s, the rest added as no-ops",
@@ -191,33 +217,32 @@ def train_drafter(target_dir: Path, work: Path, preset: ExitPreset, seed: int):
                  loss_fn=batches.loss, batches=batches, model=model, forward=batches.forward)
 
 
-def greedy_acceptance(drafter, chats: dict[str, np.ndarray], depth: int) -> float:
-    """Mean tokens per target step (accepted + the bonus/recovered token) when `drafter`
-    (an acespec LlamaDrafter) drafts `depth` tokens greedily and the target's greedy answer
-    (chats from generate_corpus, temperature 0) decides; the last step of an answer counts
-    only the tokens the answer has left."""
+def greedy_steps(drafter, seq: list[int], n_prompt: int, depth: int) -> tuple[int, int]:
+    """(tokens emitted, target steps) when `drafter` (an acespec LlamaDrafter) drafts `depth`
+    tokens greedily and the target's greedy answer `seq[n_prompt:]` decides; a step emits
+    its accepted drafts plus the bonus/recovered token, the last one only the tokens the
+    answer has left."""
     steps = emitted = 0
-    offsets = np.concatenate([[0], np.cumsum(chats["lengths"])])
-    for i, n_prompt in enumerate(chats["n_prompt"]):
-        seq = chats["ids"][offsets[i]:offsets[i + 1]].tolist()
-        pos = int(n_prompt)
-        while pos < len(seq):
-            draft, ctx = [], seq[:pos]
-            for _ in range(depth):
-                draft.append(int(np.argmax(drafter.next_logits(ctx + draft))))
-            accepted = 0
-            while accepted < depth and pos + accepted < len(seq) and \
-                    draft[accepted] == seq[pos + accepted]:
-                accepted += 1
-            steps += 1
-            emitted += min(accepted + 1, len(seq) - pos)
-            pos += accepted + 1
-        drafter.drop(0)
-    return emitted / steps
+    pos = n_prompt
+    while pos < len(seq):
+        draft, ctx = [], seq[:pos]
+        for _ in range(depth):
+            draft.append(int(np.argmax(drafter.next_logits(ctx + draft))))
+        accepted = 0
+        while accepted < depth and pos + accepted < len(seq) and \
+                draft[accepted] == seq[pos + accepted]:
+            accepted += 1
+        steps += 1
+        emitted += min(accepted + 1, len(seq) - pos)
+        pos += accepted + 1
+    drafter.drop(0)
+    return emitted, steps
 
 
 def measure(gguf_path: Path, work: Path, depths: tuple[int, ...]) -> dict:
-    """{category or "all": {depth: tokens per target step}} on the eval answers."""
+    """{category or "all": {depth: tokens per target step, "chats": n}} on the eval answers
+    (each chat drafted once per depth; a category's figure is its chats' tokens over their
+    steps)."""
     from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
     from acespec.models.smollm2.corpus import load_chunks
 
@@ -225,17 +250,19 @@ def measure(gguf_path: Path, work: Path, depths: tuple[int, ...]) -> dict:
     cats = [c["category"] for c in json.loads((work / "eval" / "categories.json").read_text())]
     drafter = LlamaDrafter(gguf_path, LlamaDrafterConfig(n_ctx=1024, n_seq_max=1, n_threads=1))
     offsets = np.concatenate([[0], np.cumsum(chats["lengths"])])
-    out: dict[str, dict[str, float]] = {}
     try:
-        for cat in [*sorted(set(cats)), "all"]:
-            rows = [i for i, c in enumerate(cats) if cat in ("all", c)]
-            sub = {"ids": np.concatenate([chats["ids"][offsets[i]:offsets[i + 1]] for i in rows]),
-                   "lengths": chats["lengths"][rows], "n_prompt": chats["n_prompt"][rows]}
-            out[cat] = {str(d): round(greedy_acceptance(drafter, sub, d), 3) for d in depths}
-            out[cat]["chats"] = len(rows)
-            log.info("%s %s: %s", gguf_path.name, cat, out[cat])
+        counts = np.array([[greedy_steps(drafter, chats["ids"][offsets[i]:offsets[i + 1]].tolist(),
+                                         int(n), d) for d in depths]
+                           for i, n in enumerate(chats["n_prompt"])])  # [chat, depth, 2]
     finally:
         drafter.close()
+    out: dict[str, dict[str, float]] = {}
+    for cat in [*sorted(set(cats)), "all"]:
+        rows = [i for i, c in enumerate(cats) if cat in ("all", c)]
+        total = counts[rows].sum(0)  # [depth, 2]
+        out[cat] = {str(d): round(float(e / s), 3) for d, (e, s) in zip(depths, total)}
+        out[cat]["chats"] = len(rows)
+        log.info("%s %s: %s", gguf_path.name, cat, out[cat])
     return out
 
 
@@ -250,7 +277,7 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     _timed(work, "eval", lambda: build_eval(target_gguf, work, preset, seed))
-    _timed(work, "answers", lambda: build_answers(target_gguf, work, preset, seed))
+    _timed(work, "answers", lambda: build_answers(target_dir, target_gguf, work, preset, seed))
     _timed(work, "scored", lambda: build_scored(target_dir, target_gguf, work, preset, seed))
     model = _timed(work, f"train {preset_name}",
                    lambda: train_drafter(target_dir, work, preset, seed)).cpu()
@@ -264,6 +291,9 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
         "kind": "exit", "preset": preset_name, "seed": seed, "layers": preset.layers,
         "drafter": asdict(model.args), "train": asdict(replace(preset.train, seed=seed)),
         "train_sittings": _sittings(work / preset.ckpt), "grown_from": preset.grow_from,
+        "started_from": None if preset.start_gguf is None else {
+            "file": preset.start_gguf,
+            "sha256": hashlib.sha256(_start_copy(work, preset).read_bytes()).hexdigest()},
         "params": sum(p.numel() for p in model.parameters()),
         "trained_params": sum(p.numel() for n, p in model.named_parameters()
                               if "embed_tokens" not in n),
@@ -280,6 +310,16 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
 
     write_card(out, card)
     return card
+
+
+def _start_copy(work: Path, preset: ExitPreset) -> Path:
+    """The preset's start GGUF, copied into work/ on first use: the export may overwrite the
+    shipped file it names, and the card reports what the training really started from."""
+    copy = work / f"start-{Path(preset.start_gguf).name}"
+    if not copy.is_file():
+        shutil.copyfile(HERE / preset.start_gguf, copy.with_suffix(".tmp"))
+        copy.with_suffix(".tmp").replace(copy)
+    return copy
 
 
 def _finished_state(ckpt: Path) -> dict | None:
@@ -331,7 +371,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.stage == "eval":
         build_eval(paths["gguf"], work, preset, a.seed)
     elif a.stage == "answers":
-        _timed(work, "answers", lambda: build_answers(paths["gguf"], work, preset, a.seed, a.minutes))
+        _timed(work, "answers", lambda: build_answers(paths["target"], paths["gguf"], work, preset,
+                                                     a.seed, a.minutes))
     elif a.stage == "scored":
         _timed(work, "scored", lambda: build_scored(paths["target"], paths["gguf"], work, preset,
                                                     a.seed, a.minutes))

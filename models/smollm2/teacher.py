@@ -56,6 +56,30 @@ def grow(model: Transformer, trained: dict[str, torch.Tensor]) -> None:
 
 
 @torch.no_grad()
+def start_from_gguf(model: Transformer, path: Path) -> None:
+    """Load a drafter GGUF's decoder layers and final norm into `model`, a cut of the same
+    depth (its embedding and head stay the target's own, which the drafter's are, frozen):
+    training goes on from a shipped drafter, whose build checkpoints did not survive."""
+    import gguf
+
+    from acespec.models.gguf_to_hf import convert_weights, hf_config
+
+    reader = gguf.GGUFReader(str(path))
+    cfg = hf_config(reader)
+    a = model.args
+    if (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]) != \
+            (a.num_layers, a.hidden_size, a.vocab_size):
+        raise ValueError(f"{path}: {cfg['num_hidden_layers']} layers of width "
+                         f"{cfg['hidden_size']} over {cfg['vocab_size']} tokens, not a "
+                         f"{a.num_layers}-layer cut of this target")
+    state = {k: torch.tensor(v) for k, v in convert_weights(reader, cfg).items()
+             if k.startswith("model.layers.") or k == "model.norm.weight"}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - {"model.embed_tokens.weight", "lm_head.weight"}:
+        raise ValueError(f"{path}: tensors do not match the cut: {unexpected or missing}")
+
+
+@torch.no_grad()
 def _match_logit_scale(full: Transformer, cut: Transformer, n: int = 256, seed: int = 0) -> None:
     """Scale the cut model's final norm so its logits spread as the target's do: the norm
     was tuned for the last layer's output, and after the first few layers it gives logits
@@ -98,7 +122,10 @@ def score_corpus(target_dir: Path, tok, chats, max_len: int, k: int, out: Path,
     `per_chunk` conversations in `out`, written atomically (a rerun resumes after the last
     whole chunk). No chunk starts after `deadline` (time.time())."""
     out.mkdir(parents=True, exist_ok=True)
-    model = load_model(target_dir, device=device)
+    from acespec.models.smollm2.answers import fast_dtype
+
+    model = load_model(target_dir, dtype=fast_dtype(device), device=device)
+    log.info("scored: torch target, %s on %s", model.dtype, device)
     template = tok.chat_template()
     seqs = _tokenized(tok, template, chats, max_len)
     t0, n_tok, c = time.time(), 0, 0

@@ -5,6 +5,7 @@ tokenizes as the target does, a rerun resumes, and no training stage reads the e
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -152,3 +153,116 @@ def test_a_grown_preset_trains_on_from_its_base(built, chat_cache):
     assert not torch.equal(state["model"]["model.layers.0.self_attn.q_proj.weight"],
                            base["model.layers.0.self_attn.q_proj.weight"])  # trained on
     assert (out / "out2" / "drafter-q8_0.gguf").is_file()
+
+
+def test_start_from_gguf_restores_a_built_drafter(built, chat_cache):
+    """teacher.start_from_gguf: a fresh cut loaded from the build's F16 GGUF has the trained
+    checkpoint's layers and norm (to F16 precision) and the target's own embedding; a GGUF
+    of another depth is refused, naming both."""
+    import torch
+
+    from acespec.models.smollm2.build import PRESETS
+    from acespec.models.smollm2.teacher import cut_target, start_from_gguf
+
+    _, out, _, _ = built
+    target = chat_cache / "smollm2" / "target"
+    trained = torch.load(out / "work" / PRESETS["tiny"].ckpt, weights_only=False)["model"]
+    model = cut_target(target, 1)
+    embed = model.model.embed_tokens.weight.clone()
+    start_from_gguf(model, out / "out" / "drafter-f16.gguf")
+    state = model.state_dict()
+    for name, p in trained.items():
+        if name.startswith("model.layers.") or name == "model.norm.weight":
+            torch.testing.assert_close(state[name], p, rtol=2e-3, atol=2e-3, msg=name)
+    assert torch.equal(model.model.embed_tokens.weight, embed)
+    with pytest.raises(ValueError, match="1 layers of width 576.*not a 2-layer cut"):
+        start_from_gguf(cut_target(target, 2), out / "out" / "drafter-f16.gguf")
+
+
+def test_a_preset_started_from_a_gguf_trains_on_from_it(built, chat_cache, monkeypatch):
+    """A preset with start_gguf begins at that drafter (not at the untrained cut), trains its
+    steps, and its card names the file it started from with its sha256."""
+    import hashlib
+
+    import torch
+
+    from acespec.models.smollm2 import build as b
+    from acespec.models.smollm2.teacher import cut_target
+
+    gguf, out, _, _ = built
+    start = out / "out" / "drafter-f16.gguf"
+    monkeypatch.setitem(b.PRESETS, "tiny-c", replace(b.PRESETS["tiny"], ckpt="drafter-c.ckpt",
+                                                      start_gguf=str(start)))
+    target = chat_cache / "smollm2" / "target"
+    card = b.build(target, gguf, out / "out3", out / "work", "tiny-c")
+    assert card["started_from"] == {"file": str(start),
+                                    "sha256": hashlib.sha256(start.read_bytes()).hexdigest()}
+    state = torch.load(out / "work" / "drafter-c.ckpt", weights_only=False)
+    assert state["step"] == b.PRESETS["tiny-c"].train.steps
+    name = "model.layers.0.mlp.down_proj.weight"
+    began = torch.load(out / "work" / b.PRESETS["tiny"].ckpt, weights_only=False)["model"][name]
+    untrained = cut_target(target, 1).state_dict()[name]
+    w = state["model"][name]
+    assert (w - began).norm() < (w - untrained).norm()
+    assert not torch.equal(w, began)  # trained on
+
+
+def test_batched_torch_answers_are_the_targets_own(chat_cache):
+    """answers.TorchBatch (KV cache per chat, chats of different lengths side by side):
+    every greedy answer token, and the top-1 kept after every position (prompt and answer),
+    is the full causal forward's argmax over the same text; a sampled chat runs beside
+    them; records are shaped as corpus.LlamaBatch.generate's."""
+    import torch
+
+    from acespec.models.smollm2 import GGUF_NAME
+    from acespec.models.smollm2.answers import TorchBatch
+    from acespec.models.smollm2.corpus import LlamaBatch, render_chat
+
+    tok = LlamaBatch(chat_cache / "smollm2" / GGUF_NAME, n_seq=1, n_ctx_seq=64)
+    tb = TorchBatch(chat_cache / "smollm2" / "target", tok, n_seq=2, n_ctx_seq=128)
+    tb.model.float()  # exact comparison; the build runs it in bfloat16 where that is fast
+    texts = ["Name a prime number.", "Write one line of Python that prints hello.",
+             "Why is the sky blue? Answer in one short sentence, please."]
+    prompts = [tok.tokenize(render_chat(tok.chat_template(), t)) for t in texts]
+    temps = [0.0, 0.7, 0.0]
+    recs = tb.generate(prompts, 6, temps, np.random.default_rng(0), 4)
+    assert len(recs) == 3
+    for rec, prompt, temp in zip(recs, prompts, temps):
+        ids = rec["ids"].tolist()
+        assert ids[:len(prompt)] == prompt and rec["n_prompt"] == len(prompt)
+        assert 1 <= len(ids) - len(prompt) <= 6
+        assert rec["top_ids"].shape == rec["top_p"].shape == (len(ids) - 1, 4)
+        with torch.no_grad():
+            full = tb.model.causal_logits(torch.tensor([ids]))[0, :-1]  # [n - 1, V]
+        top2 = full.topk(2, dim=-1)
+        clear = (top2.values[:, 0] - top2.values[:, 1] > 1e-3).numpy()
+        best = top2.indices[:, 0].numpy()
+        assert (rec["top_ids"][:, 0].astype(np.int64)[clear] == best[clear]).all()
+        if temp == 0:
+            answer = np.array(ids[len(prompt):])
+            assert (answer == best[len(prompt) - 1:])[clear[len(prompt) - 1:]].all()
+    tok.close()
+
+
+def test_greedy_steps_counts_accepted_drafts_and_the_bonus():
+    """build.greedy_steps: a drafter that is always right emits depth + 1 per step (the last
+    step only what the answer has left); one that is always wrong, one per step."""
+    from acespec.models.smollm2.build import greedy_steps
+
+    seq = list(range(10, 30))  # 5 prompt tokens, 15 answer tokens
+
+    class Fake:
+        def __init__(self, right: bool):
+            self.right = right
+
+        def next_logits(self, ids):
+            logits = np.zeros(64)
+            logits[seq[len(ids)] if self.right and len(ids) < len(seq) else 0] = 1
+            return logits
+
+        def drop(self, seq_id):
+            pass
+
+    assert greedy_steps(Fake(True), seq, 5, 4) == (15, 3)  # 5 + 5 + 5
+    assert greedy_steps(Fake(True), seq, 5, 8) == (15, 2)  # 9 + 6
+    assert greedy_steps(Fake(False), seq, 5, 4) == (15, 15)
