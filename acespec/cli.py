@@ -66,6 +66,9 @@ def _add_models(sub) -> None:
     s.add_argument("--minutes", type=float,
                    help="this run's budget for the answers/scored stages (default: the preset's)")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--threads", type=int,
+                   help="torch threads of the torch stages (default: the preset's, 1, so the "
+                   "corpus stages can run side by side; a checkpoint resumes under any count)")
     s.set_defaults(func=_run_build_smollm2)
     f = msub.add_parser("fetch", help="download and convert a real model (smollm2)",
                         description="smollm2: SmolLM2-135M-Instruct. Downloads its Q4_1 GGUF "
@@ -98,7 +101,8 @@ def _run_build_smollm2(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     argv = [args.stage, "--out", args.out, "--work", args.work, "--preset", args.preset,
             "--seed", str(args.seed)]
-    main(argv + (["--minutes", str(args.minutes)] if args.minutes else []))
+    main(argv + (["--minutes", str(args.minutes)] if args.minutes else [])
+         + (["--threads", str(args.threads)] if args.threads else []))
     return 0
 
 

@@ -82,10 +82,12 @@ def cross_entropy(logits: torch.Tensor, x: torch.Tensor, step: int) -> torch.Ten
 
 def _resumable(state: dict, cfg: TrainConfig, args: ModelArgs) -> bool:
     """A checkpoint resumes under the same config, or extends a run that asked for fewer
-    steps (everything else equal)."""
+    steps (everything else equal but the thread count and the logging/checkpoint cadence)."""
+    free = ("steps", "threads", "ckpt_every", "log_every")  # not what is learned
     old = {"autocast": False, **state["config"]}  # checkpoints from before the field
-    return (state["args"] == asdict(args)
-            and {**old, "steps": cfg.steps} == asdict(cfg) and old["steps"] <= cfg.steps)
+    same = {k: v for k, v in old.items() if k not in free} == \
+        {k: v for k, v in asdict(cfg).items() if k not in free}
+    return state["args"] == asdict(args) and same and old["steps"] <= cfg.steps
 
 
 def train(args: ModelArgs, cfg: TrainConfig, stream: np.ndarray, ckpt: Path,

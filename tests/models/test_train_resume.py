@@ -1,4 +1,5 @@
-"""models.train: a finished run extends to more steps; any other change of config is refused."""
+"""models.train: a finished run extends to more steps, and a run resumes under another thread
+count or logging cadence; any other change of config is refused."""
 
 from dataclasses import replace
 
@@ -30,7 +31,21 @@ def test_a_finished_run_extends_and_records_its_sittings(tmp_path, caplog):
     assert any(moved)  # the three new steps trained
 
 
-@pytest.mark.parametrize("change", [{"lr": 1e-3}, {"batch": 3}, {"steps": 1}])
+def test_a_run_resumes_under_another_thread_count(tmp_path):
+    ckpt = tmp_path / "m.ckpt"
+    train(ARGS, CFG, STREAM, ckpt)
+    train(ARGS, replace(CFG, steps=3, threads=2, log_every=5, ckpt_every=2), STREAM, ckpt)
+    assert torch.load(ckpt, weights_only=False)["step"] == 3
+
+
+def test_bfloat16_autocast_trains_float32_weights(tmp_path):
+    model = train(ARGS, replace(CFG, autocast=True), STREAM, tmp_path / "m.ckpt")
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert torch.load(tmp_path / "m.ckpt", weights_only=False)["config"]["autocast"] is True
+
+
+@pytest.mark.parametrize("change", [{"lr": 1e-3}, {"batch": 3}, {"steps": 1},
+                                    {"autocast": True}])
 def test_any_other_change_is_refused(tmp_path, change):
     ckpt = tmp_path / "m.ckpt"
     train(ARGS, CFG, STREAM, ckpt)
