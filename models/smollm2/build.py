@@ -55,7 +55,7 @@ class ExitPreset:
     eval_per_category: int = 10
     eval_new: int = 128
     depths: tuple[int, ...] = (2, 4, 8)
-    n_seq: int = 16  # llama.cpp sequences decoded side by side
+    n_seq: int = 16  # chats decoded side by side (answers: torch; eval: llama.cpp)
     ckpt: str = "drafter.ckpt"  # the training checkpoint's name in the work folder
     grow_from: str | None = None  # a shallower preset this one starts from (see grow)
     # A drafter GGUF of the same depth, in this package's folder, whose layers and norm the
@@ -114,7 +114,7 @@ def build_answers(target_dir: Path, target_gguf: Path, work: Path, preset: ExitP
              and len(c.first_user) <= preset.max_prompt_chars]
     order = np.random.default_rng([seed, 3]).permutation(len(chats))[:preset.n_answer_prompts]
     texts = [chats[i].first_user for i in order]
-    torch.set_num_threads(preset.train.threads)  # one core: the other stage runs beside it
+    torch.set_num_threads(preset.train.threads)  # 1 by default: the other corpus stage beside
     tok = LlamaBatch(target_gguf, n_seq=1, n_ctx_seq=64)
     model = TorchBatch(target_dir, tok, n_seq=preset.n_seq, n_ctx_seq=512 + preset.max_new,
                        device=_device())
@@ -161,7 +161,7 @@ def build_scored(target_dir: Path, target_gguf: Path, work: Path, preset: ExitPr
 
     if (work / "scored" / DONE).is_file():
         return work / "scored"
-    torch.set_num_threads(preset.train.threads)  # one core: the other stage runs beside it
+    torch.set_num_threads(preset.train.threads)  # 1 by default: the other corpus stage beside
     chats = sharegpt.records("train")
     order = np.random.default_rng([seed, 5]).permutation(len(chats))[:preset.n_scored]
     tok = LlamaBatch(target_gguf, n_seq=1, n_ctx_seq=64)
@@ -266,6 +266,31 @@ def measure(gguf_path: Path, work: Path, depths: tuple[int, ...]) -> dict:
     return out
 
 
+def agreement(gguf_path: Path, work: Path) -> dict[str, float]:
+    """{category or "all": the fraction of answer positions of the eval chats where the
+    drafter's top-1, teacher-forced on the target's greedy answer, is the answer's token}."""
+    from acespec.models.smollm2.corpus import LlamaBatch, load_chunks
+
+    chats = load_chunks(work / "eval")
+    cats = [c["category"] for c in json.loads((work / "eval" / "categories.json").read_text())]
+    offsets = np.concatenate([[0], np.cumsum(chats["lengths"])])
+    model = LlamaBatch(gguf_path, n_seq=1, n_ctx_seq=int(chats["lengths"].max()))
+    hits = []  # per chat: (agreeing positions, answer positions)
+    try:
+        for i, n in enumerate(chats["n_prompt"]):
+            seq = chats["ids"][offsets[i]:offsets[i + 1]]
+            top, _ = model.topk(seq[:-1].tolist(), 1)  # [len - 1, 1]: after each position
+            same = top[n - 1:, 0].astype(np.int64) == seq[n:]
+            hits.append((int(same.sum()), len(same)))
+    finally:
+        model.close()
+    out = {}
+    for cat in [*sorted(set(cats)), "all"]:
+        agree, total = np.array([hits[i] for i, c in enumerate(cats) if cat in ("all", c)]).sum(0)
+        out[cat] = round(float(agree / max(1, total)), 3)
+    return out
+
+
 def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
           preset_name: str = "smollm2", seed: int = 0, threads: int | None = None) -> dict:
     """Every stage; returns the card's figures (also out/build.json and out/README.md)."""
@@ -288,6 +313,7 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
                              tokenizer_gguf=target_gguf) for ft in ("f16", "q8_0")}
     t0 = time.time()
     acc = measure(files["q8_0"], work, preset.depths)
+    agree = agreement(files["q8_0"], work)
     corpus = {d: load_chunks(work / d) for d in ("answers", "scored")}
     card = {
         "kind": "exit", "preset": preset_name, "seed": seed, "layers": preset.layers,
@@ -302,7 +328,7 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
         "corpus": {d: {"sequences": int(len(c["lengths"])), "tokens": int(len(c["ids"]))}
                    for d, c in corpus.items()},
         "top_k": preset.top_k, "eval_new_tokens": preset.eval_new,
-        "greedy_acceptance": acc,
+        "greedy_acceptance": acc, "agreement": agree,
         "minutes": {**json.loads((work / "times.json").read_text()),
                     "measure": round((time.time() - t0) / 60, 1)},
         "files": {ft: {"name": p.name, "bytes": p.stat().st_size} for ft, p in files.items()},

@@ -27,6 +27,27 @@ def _grown(card: dict) -> str:
             "grown model starts as exactly the trained one), then all trained on.")
 
 
+def _started(card: dict) -> str:
+    """How a preset that trains on from a GGUF started (empty if it did not)."""
+    start = card.get("started_from")
+    if not start:
+        return ""
+    return (f"\n  Trained on from `{start['file']}` (sha256 `{start['sha256'][:16]}…`), the\n"
+            "  drafter shipped before this one: its layers and norm loaded from that GGUF\n"
+            "  (dequantized), then trained on this build's material; how that one was built\n"
+            "  is in its own card, in the repository's history.")
+
+
+def _agreement(card: dict) -> str:
+    """The teacher-forced top-1 agreement line (empty for cards from before it was kept)."""
+    agree = card.get("agreement")
+    if not agree:
+        return ""
+    cats = ", ".join(f"{c} {agree[c]:.1%}" for c in CATEGORY_ORDER if c in agree and c != "all")
+    return (f"Teacher-forced on those answers, the drafter's top-1 is the target's token at "
+            f"**{agree['all']:.1%}** of answer positions ({cats}).\n\n")
+
+
 def write_card(out: Path, card: dict, notes: str = "") -> Path:
     """out/README.md: what the drafter is, how it was built, its measured figures, and any
     hand-written `notes` (kept verbatim at the end)."""
@@ -65,9 +86,10 @@ checkpoint is converted from):
 |---|---|{'---|' * len(depths)}
 {rows}
 
-- Teacher material, all from the ShareGPT *training* split (records [0, 12000)):
+{_agreement(card)}- Teacher material, all from the ShareGPT *training* split (records [0, 12000)):
   the target's own answers to {corpus['answers']['sequences']:,} first user turns
-  ({corpus['answers']['tokens']:,} tokens, prompts included; greedy or at T=0.7), and
+  ({corpus['answers']['tokens']:,} tokens, prompts included; greedy or at T=0.7; the torch
+  target, in bfloat16 where the machine computes it natively), and
   {corpus['scored']['sequences']:,} conversations as written, teacher-forced through the
   torch target ({corpus['scored']['tokens']:,} tokens); the target's top-{card['top_k']} kept at
   every position.
@@ -76,8 +98,8 @@ checkpoint is converted from):
   {d['rope_theta']:g}; the final norm rescaled at the start so the cut model's logits spread
   as the target's do.
 - Training: {t['steps']} steps of {t['batch']} × {t['seq_len']} tokens, AdamW lr {t['lr']:g}
-  cosine{_sittings(card)}, cross-entropy to the teacher's renormalised top-k at every position, sampled
-  softmax (the step's teacher tokens + 4,096 uniform negatives).{_grown(card)}
+  cosine{_sittings(card)}{', bfloat16 autocast' if t.get('autocast') else ''}, cross-entropy to the teacher's renormalised top-k at every position, sampled
+  softmax (the step's teacher tokens + 4,096 uniform negatives).{_grown(card)}{_started(card)}
 - Minutes on {platform.machine()} ({', '.join(f'{k} {v}' for k, v in m.items())}).
 """
     if notes:
