@@ -17,7 +17,7 @@ import time
 import grpc
 
 from acespec.edge.client import CloudSession, Decided
-from acespec.edge.session.driver import unpack
+from acespec.edge.session.driver import get_within, unpack
 from acespec.edge.session.runner import Runner
 
 
@@ -82,7 +82,7 @@ class DecidedSession:
     async def _finish_after_failed_write(self) -> None:
         """Read what the verifier sent before the stream ended; lost if it is not the end."""
         while not self.run.finished:
-            self._take(await asyncio.wait_for(self.inbox.get(), 5.0))
+            self._take(await get_within(self.inbox, 5.0))
 
     async def _final_counts(self, timeout_s: float = 2.0) -> None:
         """The edge finished first (max_tokens or a stop it saw first): half-close; the

@@ -45,6 +45,22 @@ async def read_downlink(sess: CloudSession, inbox: asyncio.Queue) -> None:
         await inbox.put(e)
 
 
+async def get_within(inbox: asyncio.Queue, timeout: float):
+    """The next inbox item, or asyncio.TimeoutError after `timeout` s. Unlike
+    asyncio.wait_for on Python 3.10/3.11, a cancellation (Ctrl-C, a client gone) that lands as
+    the item arrives is never swallowed: it propagates (the session is ending; the item is
+    dropped with it)."""
+    get = asyncio.ensure_future(inbox.get())
+    try:
+        done, _ = await asyncio.wait({get}, timeout=timeout)
+    finally:
+        if not get.done():
+            get.cancel()
+    if get not in done:
+        raise asyncio.TimeoutError
+    return get.result()
+
+
 def unpack(item) -> tuple[object, int, float, float]:
     """(message, bytes, server seconds, arrival time) of one inbox item, or raise what the
     reader met: a refusal from the verifier as it is (the caller decides, no blind retry),

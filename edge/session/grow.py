@@ -17,6 +17,7 @@ import time
 
 from acespec.edge.client import CloudSession
 from acespec.edge.session.decided import DecidedSession
+from acespec.edge.session.driver import get_within
 from acespec.edge.session.pacing import until_due
 from acespec.edge.session.runner import Runner
 from acespec.edge.speculation.calibration import TimingModel
@@ -104,7 +105,7 @@ class GrowDriver(DecidedSession):
         if wait <= 0:
             return
         try:
-            self._take(await asyncio.wait_for(self.inbox.get(), wait))
+            self._take(await get_within(self.inbox, wait))
         except asyncio.TimeoutError:
             pass
 
