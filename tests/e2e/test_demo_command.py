@@ -45,8 +45,12 @@ def test_ctrl_c_stops_every_child(tiny_hf_dir, tiny_pair):
     gguf = tiny_pair[2]["q8_0"]
     # 100 ms passes: the tiny target's context (a few hundred tokens) then lasts long past
     # the interrupt however fast the speculation goes.
+    # A terminal's Ctrl-C: the demo starts with SIGINT's default disposition even where the
+    # test runner inherited it ignored (a CI script started with `&` ignores SIGINT, and a
+    # Python started so keeps ignoring it, as it should).
     p = subprocess.Popen(_demo(tiny_hf_dir, gguf, "--max-tokens", "4000", step_ms="100"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen, pids = "", []
     deadline = time.monotonic() + 120
     while "streaming through the link" not in seen and time.monotonic() < deadline:
