@@ -21,18 +21,9 @@ import torch.nn.functional as F
 
 from acespec.cloud.loader import load_model
 from acespec.models.smollm2.corpus import _sample
-from acespec.models.smollm2.teacher import topk_rows
+from acespec.models.smollm2.teacher import fast_dtype, topk_rows
 
 log = logging.getLogger(__name__)
-
-
-def fast_dtype(device: torch.device) -> torch.dtype:
-    """bfloat16 where the device computes it natively (CUDA; a CPU with AVX512-BF16 or
-    AMX, through oneDNN), else float32 (emulated bfloat16 would be slower)."""
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return torch.bfloat16 if native else torch.float32
 
 
 class TorchBatch:

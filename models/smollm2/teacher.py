@@ -55,6 +55,15 @@ def grow(model: Transformer, trained: dict[str, torch.Tensor]) -> None:
         layer.mlp.down_proj.weight.zero_()
 
 
+def fast_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 where the device computes it natively (CUDA; a CPU with AVX512-BF16 or
+    AMX, through oneDNN), else float32 (emulated bfloat16 would be slower)."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return torch.bfloat16 if native else torch.float32
+
+
 @torch.no_grad()
 def start_from_gguf(model: Transformer, path: Path) -> None:
     """Load a drafter GGUF's decoder layers and final norm into `model`, a cut of the same
@@ -122,8 +131,6 @@ def score_corpus(target_dir: Path, tok, chats, max_len: int, k: int, out: Path,
     `per_chunk` conversations in `out`, written atomically (a rerun resumes after the last
     whole chunk). No chunk starts after `deadline` (time.time())."""
     out.mkdir(parents=True, exist_ok=True)
-    from acespec.models.smollm2.answers import fast_dtype
-
     model = load_model(target_dir, dtype=fast_dtype(device), device=device)
     log.info("scored: torch target, %s on %s", model.dtype, device)
     template = tok.chat_template()
