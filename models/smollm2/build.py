@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
         preset = replace(preset, train=replace(preset.train, threads=a.threads))
     work.mkdir(parents=True, exist_ok=True)
     if a.stage == "eval":
-        build_eval(paths["gguf"], work, preset, a.seed)
+        _timed(work, "eval", lambda: build_eval(paths["gguf"], work, preset, a.seed))
     elif a.stage == "answers":
         _timed(work, "answers", lambda: build_answers(paths["target"], paths["gguf"], work, preset,
                                                      a.seed, a.minutes))
