@@ -87,6 +87,11 @@ def add_bench_parser(sub) -> None:
                    "(rejection sampling at the edge) (default: %(default)s)")
     b.add_argument("--emulate-step-ms", default="40,0.5", metavar="T0[,PER_NODE]",
                    help="TESTBED step-time profile of the verifier (default: %(default)s)")
+    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="the verifier's --dtype, for every mode (`ar` too). bfloat16 makes "
+                   "a multi-token pass cheap on a CPU with native bfloat16 (AVX512-BF16, "
+                   "AMX), but its logits depend on the pass's size, so greedy text can "
+                   "differ from ar's (see same_as_ar) (default: %(default)s)")
     b.add_argument("--emulate-draft-ms", type=draft_ms, default=(0.0, 0.0),
                    metavar="T[,PER_TOKEN]",
                    help="TESTBED profile of the edge: pad each drafter decode to T ms "
@@ -137,7 +142,7 @@ def run_bench_cli(args) -> int:
                           temperature=args.temperature, sampling=args.sampling,
                           emulate=args.emulate_step_ms, per_category=args.per_category,
                           emulate_draft=args.emulate_draft_ms, propose=args.propose,
-                          gap_drafter=args.gap_drafter or args.drafter)
+                          dtype=args.dtype, gap_drafter=args.gap_drafter or args.drafter)
         bad = [m for m in cfg.modes if m not in BENCH_MODES]
         if bad:
             raise ValueError(f"unknown modes {bad}; available: {', '.join(BENCH_MODES)}")
@@ -149,7 +154,7 @@ def run_bench_cli(args) -> int:
     summary, cats = summarize(records, cfg), by_category(records)
     draft = ",".join(f"{x:g}" for x in cfg.emulate_draft) if any(cfg.emulate_draft) else "off"
     print(f"profile: --emulate-step-ms {cfg.emulate}, --emulate-draft-ms {draft}, "
-          f"--propose {cfg.propose}, "
+          f"--propose {cfg.propose}, verifier {cfg.dtype}, "
           f"depth {cfg.depth}, window {cfg.window}"
           f"{' (adaptive)' if cfg.adaptive else ''}, "
           f"{len(prompts)} prompts, {cfg.max_tokens} tokens each, temperature {cfg.temperature}"

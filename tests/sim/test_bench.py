@@ -72,3 +72,31 @@ def test_bench_gap_mode_beside_the_others_from_the_command_line(tiny_pair, tiny_
     n = len(load_prompts(per_category=1))
     assert rows["acespec-gap"]["same_as_ar"] == rows["acespec"]["same_as_ar"] == f"{n}/{n}"
     assert "gap_ms_per_token" in p.stdout
+
+
+def test_bench_runs_the_verifier_in_the_dtype_asked_for_every_mode(tiny_pair, tiny_hf_dir,
+                                                                  tmp_path):
+    """`acespec bench --dtype bfloat16`: one verifier in bfloat16 serves `ar` and `acespec`
+    alike (the profile line says so). Their texts are not compared: a bfloat16 pass's logits
+    depend on how many tokens it scores, so greedy ties can break apart (docs/benchmarks.md
+    §0f); the column reports it."""
+    import json
+    import subprocess
+    import sys
+
+    _, _, ggufs = tiny_pair
+    out = tmp_path / "bf16.json"
+    p = subprocess.run([sys.executable, "-m", "acespec", "bench", "--model", str(tiny_hf_dir),
+                        "--drafter", str(ggufs["q8_0"]), "--modes", "ar,acespec",
+                        "--per-category", "1", "--max-tokens", "12", "--link", "loopback",
+                        "--emulate-step-ms", "5,0.1", "--dtype", "bfloat16", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "verifier bfloat16" in p.stdout
+    rows = {r["mode"]: r for r in json.loads(out.read_text())["summary"]}
+    n = len(load_prompts(per_category=1))
+    assert rows["ar"]["tokens"] == rows["acespec"]["tokens"] == 12 * n
+    assert rows["acespec"]["same_as_ar"].endswith(f"/{n}")
+    bad = subprocess.run([sys.executable, "-m", "acespec", "bench", "--dtype", "int3"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--dtype" in bad.stderr and "int3" in bad.stderr
