@@ -170,7 +170,8 @@ class Engine:
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
         """One forward pass of a decided session: (first position, decided tokens)."""
         tokens = session.plan_pass(lookup_proposals=False)
-        lone = await self._lone_proposals(session) if session.proposal_room else None
+        lone = await self._lone_proposals(session, len(tokens)) \
+            if session.proposal_room else None
         if lone:
             tokens = session.pass_tokens()
         parents = session.pass_parents(session.cache.length)
@@ -203,14 +204,14 @@ class Engine:
         if self.metrics:
             self.metrics.on_proposals(lone.source, proposed, accepted, lone.gap_s or 0.0)
 
-    async def _lone_proposals(self, session: DecidedSession) -> Lone | None:
-        """Fill a lone pass with as many proposals as pay (self.depth): the gap drafter's
-        where the session has one and its ledger says it pays, else (or when it proposes
-        nothing) prompt lookup's. None when none is worth scoring."""
+    async def _lone_proposals(self, session: DecidedSession, fed: int) -> Lone | None:
+        """Fill a lone pass of `fed` tokens with as many proposals as pay (self.depth): the
+        gap drafter's where the session has one and its ledger says it pays, else (or when it
+        proposes nothing) prompt lookup's. None when none is worth scoring."""
         looked, order = session.looked_up()  # lookup's: free, and the drafter's baseline
-        lone = Lone("lookup", order, looked[:self.depth.depth(order, len(looked))])
+        lone = Lone("lookup", order, looked[:self.depth.depth(order, len(looked), fed)])
         if session.gap is not None and self.gap.ledger.worth():
-            k = self.depth.depth(0, session.proposal_room)
+            k = self.depth.depth(0, session.proposal_room, fed)
             proposals, gap_s = (await self.gap.propose_async(
                 session.gap, list(session.tokens), k,
                 None if session.params.sampling.greedy else session.pick)

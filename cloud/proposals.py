@@ -2,17 +2,19 @@
 
 A lone pass (no edge draft at the decided end) decides one token and, where the verifier's
 proposals (prompt lookup, or a gap drafter) agree with it, one more per proposal it walks.
-The i-th proposal is worth scoring while the chance that the walk gets that far and takes it
-(the product of the first i conditional acceptance rates) times a pass is more than what the
-node adds to the pass. Both sides are measured here, over all sessions (one target, one kind
-of traffic), recent passes weighing most:
+It scores the number of proposals that decides the most tokens per second of pass: one plus
+the chances that the walk gets that far and takes each (products of conditional acceptance
+rates), over what a pass of that size costs. Both sides are measured here, over all sessions
+(one target, one kind of traffic), recent passes weighing most:
 
 - `Depth.rate(order, i)`: P(proposal i is taken | proposals 0..i-1 were), by the n-gram
   order prompt lookup matched (1, 2, 3+: a longer match is likelier to go on; a gap drafter's
   are order 0), from the walks of earlier passes (a Beta(1, 1) prior);
-- `PassCost`: the pass's seconds against its input tokens, a least-squares line over the
-  recent passes: the slope is one node's cost (0 on a device that scores a few more tokens
-  for free, 0.5 ms on the 40,0.5 profile), the intercept what a saved pass is worth.
+- `PassCost`: the pass's seconds by its input tokens: the median of the recent passes of
+  that size where there are enough of them, else a least-squares line over all recent
+  passes. A line alone misreads a step: on a CPU whose matrix library has a slow path for
+  2-3 rows (MKL on this project's AMD test machine: 66 ms for 1 token, 107 ms for 2, 95 for 4)
+  the line's slope is a few ms, while the first proposal costs 40 ms.
 
 Verdicts never depend on the proposals, so none of this changes any output: it only trades
 nodes against passes.
@@ -21,6 +23,7 @@ nodes against passes.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,20 +31,29 @@ import numpy as np
 DECAY = 0.995  # per settled pass: the rates follow the traffic over the last ~200 passes
 ORDERS = 4  # order buckets: 0 (a gap drafter), 1, 2, 3+ (prompt lookup's n-gram length)
 FIT_PASSES = 64  # the pass-cost line is fitted to this many recent passes
+SIZE_PASSES = 16  # a size's cost is the median of its last this many passes
+SIZE_SEEN = 3  # ... once this many were timed (the line's value before)
 EXPLORE = 16  # an order found not worth a proposal still gets one in this many lone passes
 
 
-def worth_depth(rates, pass_s: float, node_s: float) -> int:
-    """How many proposals to score: while the chance that the walk takes all of them so far
-    (the product of the conditional rates, in order) times a pass (what taking the last one
-    saves) is more than one node costs (node_s: its share of the pass, and any drafting)."""
-    reach, d = 1.0, 0
-    for rate in rates:
+def worth_depth(rates, cost: Callable[[int], float], fed: int = 1,
+                extra_s: float = 0.0) -> int:
+    """How many proposals to score: the depth d with the most expected tokens per second,
+    (1 + the sum of the first d reach probabilities) / (cost(fed + d) + d * extra_s), where
+    reach is the product of the conditional rates so far, cost(n) a pass of n input tokens,
+    `fed` the pass's tokens before any proposal and extra_s what a proposal costs besides
+    its node (a gap drafter's decode). Ties go to the shallower depth; none while no pass
+    was timed (cost 0)."""
+    if cost(fed) <= 0:
+        return 0
+    best_d, best, tokens, reach = 0, 1.0 / cost(fed), 1.0, 1.0
+    for d, rate in enumerate(rates, start=1):
         reach *= rate
-        if reach * pass_s <= node_s:
-            break
-        d += 1
-    return d
+        tokens += reach
+        rate_now = tokens / max(cost(fed + d) + d * extra_s, 1e-9)
+        if rate_now > best * (1 + 1e-9):
+            best_d, best = d, rate_now
+    return best_d
 
 
 @dataclass
@@ -49,10 +61,12 @@ class PassCost:
     """Seconds per pass against its input tokens, from the recent passes."""
 
     passes: deque = field(default_factory=lambda: deque(maxlen=FIT_PASSES))  # (tokens, s)
+    by_size: dict = field(default_factory=dict)  # tokens -> deque of its recent passes' s
     _fit: tuple[float, float] | None = None  # (base s, s per token) of the current passes
 
     def observe(self, tokens: int, seconds: float) -> None:
         self.passes.append((float(tokens), float(seconds)))
+        self.by_size.setdefault(int(tokens), deque(maxlen=SIZE_PASSES)).append(float(seconds))
         self._fit = None
 
     def fit(self) -> tuple[float, float]:
@@ -67,6 +81,15 @@ class PassCost:
                 base = max(float(base), float(np.min(s)) / 2)
                 self._fit = (base, float(np.clip(slope, 0.0, base)))
         return self._fit
+
+    def seconds(self, tokens: int) -> float:
+        """A pass of `tokens` input tokens: the median of the recent passes of that size
+        once SIZE_SEEN of them were timed, else the line's value."""
+        seen = self.by_size.get(int(tokens))
+        if seen is not None and len(seen) >= SIZE_SEEN:
+            return float(np.median(seen))
+        base, per_token = self.fit()
+        return base + per_token * tokens
 
 
 @dataclass
@@ -89,13 +112,13 @@ class Depth:
         o = min(order, ORDERS - 1)
         return float(self.taken[o, i] / self.tried[o, i])
 
-    def depth(self, order: int, room: int) -> int:
-        """Proposals worth scoring (at most room): while P(the walk takes the next one) times
-        a pass is more than the node costs. One in EXPLORE lone passes of an order found not
-        worth any still scores one, so its rate can recover when the text changes."""
-        base, per_node = self.cost.fit()
+    def depth(self, order: int, room: int, fed: int = 1, extra_s: float = 0.0) -> int:
+        """Proposals worth scoring (at most room) in a pass of `fed` tokens besides them: the
+        depth that decides the most tokens per second (worth_depth). One in EXPLORE lone
+        passes of an order found not worth any still scores one, so its rate can recover
+        when the text changes."""
         rates = [self.rate(order, i) for i in range(min(room, self.max_depth))]
-        d = worth_depth(rates, base, per_node)
+        d = worth_depth(rates, self.cost.seconds, fed, extra_s)
         o = min(order, ORDERS - 1)
         if d or not room:
             self.skipped[o] = 0

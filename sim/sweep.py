@@ -23,8 +23,7 @@ GAP_PROPOSE = 8  # cloud serve --propose's default: the most a lone pass scores
 
 def _scenario(base: Scenario, mode: str, costs: Costs) -> Scenario:
     if mode == "acespec-gap":
-        k = worth_depth([base.accept] * GAP_PROPOSE, costs.target_base_s,
-                        costs.target_per_node_s + costs.draft_s)
+        k = worth_depth([base.accept] * GAP_PROPOSE, costs.target_s, 1, costs.draft_s)
         return replace(_scenario(base, "acespec-tree", costs), propose=k,
                        propose_accept=base.accept, propose_s=costs.draft_s)
     if mode == "acespec-ideal":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from acespec.cloud.proposals import EXPLORE, ORDERS, Depth, PassCost
+from acespec.cloud.proposals import EXPLORE, ORDERS, SIZE_SEEN, Depth, PassCost, worth_depth
 from acespec.shared.served import ServeParams
 from acespec.shared.tokenizer import Tokenizer
 
@@ -32,6 +32,42 @@ def test_passes_of_one_size_read_no_node_cost():
     assert cost.fit() == (pytest.approx(0.03), 0.0)
 
 
+def test_a_size_timed_often_enough_reads_its_own_median():
+    """Passes of 1, 2 and 4 tokens costing 66, 107 and 95 ms (this CPU's float32 SmolLM2 pass,
+    MKL's slow 2-row path), 4 of each: each size reads its median, while a size never timed
+    (3) reads the line through them all, which is far from the step at 2."""
+    cost = PassCost()
+    for _ in range(4):
+        for n, ms in ((1, 66), (2, 107), (4, 95)):
+            cost.observe(n, ms / 1000 + 0.001 * (_ % 2))
+    assert [round(cost.seconds(n) * 1000) for n in (1, 2, 4)] == [66, 108, 96]
+    base, per_token = cost.fit()
+    assert cost.seconds(3) == pytest.approx(base + 3 * per_token)
+    assert cost.seconds(2) - cost.seconds(1) > 3 * per_token
+
+
+def test_the_depth_reads_a_step_in_the_pass_cost():
+    """On the step above (a 2-token pass 1.6x a lone one, flat after): proposals taken 30 %
+    of the time are not worth one (1.3 tokens in 107 ms < 1 in 66), nor a run of them (the
+    line would have taken them: its slope is a few ms); taken 90 % of the time all 8 are."""
+    def depth(accept: float) -> int:
+        d, rng = Depth(8), np.random.default_rng(0)
+        for _ in range(SIZE_SEEN):
+            for n, ms in ((1, 66), (2, 107), (3, 110), (4, 95), (5, 98), (6, 100), (7, 103),
+                          (8, 106), (9, 110)):
+                d.cost.observe(n, ms / 1000)
+        for _ in range(400):
+            taken = 0
+            while taken < 8 and rng.random() < accept:
+                taken += 1
+            d.settle(1, proposed=8, accepted=taken)
+        return d.depth(1, 8)
+
+    assert depth(0.3) == 0
+    assert depth(0.9) == 8
+    assert worth_depth([0.3] * 8, lambda n: 0.066 + 0.004 * (n - 1)) > 0  # what the line did
+
+
 def test_settle_counts_what_the_walk_reached_and_took():
     """Four proposals of order 2, the walk took two: depths 0-2 were reached, 0-1 taken; a
     longer lookup match (order 7) counts in the last bucket."""
@@ -45,8 +81,8 @@ def test_settle_counts_what_the_walk_reached_and_took():
 
 def test_the_depth_follows_acceptance_and_node_cost():
     """On a 40 ms pass: proposals always taken, or each taken with probability 0.7 (seed 0),
-    are worth all 8 of the room at 0.5 ms a node; never taken, none is; at 20 ms a node
-    (half a pass), only the first of the 0.7 ones (0.7 > 1/2 > 0.7^2)."""
+    are worth all 8 of the room at 0.5 ms a node; never taken, none is; at 20 ms a node,
+    two of the 0.7 ones: 1 + 0.7 + 0.49 tokens in 100 ms beats 1.7 in 80 and 2.53 in 120."""
     def depth(accept: float, per_node_s: float) -> int:
         d, rng = Depth(8), np.random.default_rng(0)
         for n in range(1, 17):  # the cost line: passes of 1..16 tokens
@@ -61,7 +97,7 @@ def test_the_depth_follows_acceptance_and_node_cost():
     assert depth(1.0, 0.0005) == 8
     assert depth(0.0, 0.0005) == 0
     assert depth(0.7, 0.0005) == 8
-    assert depth(0.7, 0.020) == 1
+    assert depth(0.7, 0.020) == 2
 
 
 def test_an_order_not_worth_a_proposal_still_gets_one_in_explore():
