@@ -14,6 +14,18 @@ from acespec.shared.tokenizer import Tokenizer
 GREEDY = ServeParams()
 
 
+def _walked(d: Depth, accept: float) -> Depth:
+    """d after 400 lone passes of 8 order-1 proposals, each taken in turn with probability
+    `accept` (seed 0)."""
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        taken = 0
+        while taken < 8 and rng.random() < accept:
+            taken += 1
+        d.settle(1, proposed=8, accepted=taken)
+    return d
+
+
 def test_the_pass_cost_line_recovers_base_and_node_cost():
     """Passes of 1-9 tokens costing 40 ms + 0.5 ms per token + up to 2 ms of noise (seed 0):
     the base within 2 ms, the node cost within 0.2 ms."""
@@ -37,9 +49,9 @@ def test_a_size_timed_often_enough_reads_its_own_median():
     MKL's slow 2-row path), 4 of each: each size reads its median, while a size never timed
     (3) reads the line through them all, which is far from the step at 2."""
     cost = PassCost()
-    for _ in range(4):
+    for i in range(4):
         for n, ms in ((1, 66), (2, 107), (4, 95)):
-            cost.observe(n, ms / 1000 + 0.001 * (_ % 2))
+            cost.observe(n, ms / 1000 + 0.001 * (i % 2))
     assert [round(cost.seconds(n) * 1000) for n in (1, 2, 4)] == [66, 108, 96]
     base, per_token = cost.fit()
     assert cost.seconds(3) == pytest.approx(base + 3 * per_token)
@@ -51,17 +63,12 @@ def test_the_depth_reads_a_step_in_the_pass_cost():
     of the time are not worth one (1.3 tokens in 107 ms < 1 in 66), nor a run of them (the
     line would have taken them: its slope is a few ms); taken 90 % of the time all 8 are."""
     def depth(accept: float) -> int:
-        d, rng = Depth(8), np.random.default_rng(0)
+        d = Depth(8)
         for _ in range(SIZE_SEEN):
             for n, ms in ((1, 66), (2, 107), (3, 110), (4, 95), (5, 98), (6, 100), (7, 103),
                           (8, 106), (9, 110)):
                 d.cost.observe(n, ms / 1000)
-        for _ in range(400):
-            taken = 0
-            while taken < 8 and rng.random() < accept:
-                taken += 1
-            d.settle(1, proposed=8, accepted=taken)
-        return d.depth(1, 8)
+        return _walked(d, accept).depth(1, 8)
 
     assert depth(0.3) == 0
     assert depth(0.9) == 8
@@ -84,15 +91,10 @@ def test_the_depth_follows_acceptance_and_node_cost():
     are worth all 8 of the room at 0.5 ms a node; never taken, none is; at 20 ms a node,
     two of the 0.7 ones: 1 + 0.7 + 0.49 tokens in 100 ms beats 1.7 in 80 and 2.53 in 120."""
     def depth(accept: float, per_node_s: float) -> int:
-        d, rng = Depth(8), np.random.default_rng(0)
+        d = Depth(8)
         for n in range(1, 17):  # the cost line: passes of 1..16 tokens
             d.cost.observe(n, 0.040 + per_node_s * n)
-        for _ in range(400):
-            taken = 0
-            while taken < 8 and rng.random() < accept:
-                taken += 1
-            d.settle(1, proposed=8, accepted=taken)
-        return d.depth(1, 8)
+        return _walked(d, accept).depth(1, 8)
 
     assert depth(1.0, 0.0005) == 8
     assert depth(0.0, 0.0005) == 0
