@@ -29,6 +29,7 @@ def add_parser(sub) -> None:
                    "reference (default auto: Triton on CUDA when installed; logged at start)")
     s.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (default 0: 1 for models under 50M parameters)")
+    _linear_flag(s)
     s.add_argument("--tp", type=number(int, 1, 1024), metavar="N",
                    help="tensor parallelism: shard the target over N ranks (torch.distributed; "
                    "gloo on CPU, NCCL on CUDA, one GPU per rank), started by this command; "
@@ -96,6 +97,7 @@ def add_parser(sub) -> None:
     pr.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     pr.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     pr.add_argument("--threads", type=int, default=0, help="as for `serve`")
+    _linear_flag(pr)
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=run_profile)
     ng = csub.add_parser("nginx-config", help="print an nginx config balancing verifier replicas",
@@ -146,12 +148,20 @@ def run_profile(args) -> int:
             for tp in args.tp:
                 check_tp(ModelArgs.from_dir(path), tp, where=Path(path).name)
         rows = profile.run(args.model or _demo_target(), args.random, args.tp, args.nodes,
-                           args.context, args.repeats, args.dtype, args.device, args.threads)
+                           args.context, args.repeats, args.dtype, args.device, args.threads,
+                           args.linear)
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"acespec cloud profile: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(profile.as_dicts(rows), indent=2) if args.json else profile.markdown(rows))
     return 0
+
+
+def _linear_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--linear", default="auto", choices=["auto", "onednn", "torch"],
+                   help="linear layers: oneDNN with weights prepacked at load (a CPU pass "
+                   "then costs about the same for 1 to 8 tokens), or torch's F.linear "
+                   "(default auto: oneDNN on the CPU where torch has it; logged at start)")
 
 
 def port_number(text: str) -> int:
@@ -188,10 +198,11 @@ def run_serve(args) -> int:
             from acespec.cloud.tp_launch import serve_rank
 
             return serve_rank(args.model or _demo_target(), args.dtype,
-                              topo.device(args.device), args.threads, topo)
+                              topo.device(args.device), args.threads, topo, args.linear)
         cfg = ServerConfig(
             model=args.model, host=args.host, port=args.port, dtype=args.dtype,
-            device=args.device, threads=args.threads, idle_timeout_s=args.idle_timeout,
+            device=args.device, threads=args.threads, linear=args.linear,
+            idle_timeout_s=args.idle_timeout,
             write_timeout_s=args.write_timeout,
             limits=Limits(max_sessions=args.max_sessions, max_live_nodes=args.max_live_nodes,
                           max_prompt_tokens=args.max_prompt_tokens, propose=args.propose),

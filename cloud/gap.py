@@ -93,10 +93,12 @@ class GapDrafter:
 
     @classmethod
     def load(cls, path: str | Path, vocab_hash: str, vocab: int, dtype: str = "float32",
-             device: str = "cpu") -> GapDrafter:
-        """The drafter at `path` (a .gguf file or an HF checkpoint folder). Raises ValueError
-        unless it has the target's tokenizer (vocab_hash) and vocabulary size."""
+             device: str = "cpu", linear: str = "auto") -> GapDrafter:
+        """The drafter at `path` (a .gguf file or an HF checkpoint folder), its linears as
+        the target's (`--linear`). Raises ValueError unless it has the target's tokenizer
+        (vocab_hash) and vocabulary size."""
         from acespec.cloud.loader import load_model
+        from acespec.cloud.packed import select_linear
         from acespec.shared.tokenizer import Tokenizer
 
         path = Path(path)
@@ -116,6 +118,7 @@ class GapDrafter:
                              f"{model.args.vocab_size}) is not the target's ({vocab_hash}, "
                              f"vocab {vocab}); the gap drafter must share the target's tokenizer")
         # No set_threads: torch's thread count is the process's, set for the target.
+        select_linear(linear, model)
         log.info("gap drafter %s: %d layers, %.1fM params, proposes in lone passes", path.name,
                  model.args.num_layers, sum(p.numel() for p in model.parameters()) / 1e6)
         return cls(model, path.name)

@@ -88,9 +88,11 @@ def profile(model, nodes: list[int], context: int, repeats: int, tp: int) -> lis
 
 
 def run(model_path: str, shape: str | None, tps: list[int], nodes: list[int], context: int,
-        repeats: int, dtype: str, device: str, threads: int) -> list[Row]:
+        repeats: int, dtype: str, device: str, threads: int, linear: str = "auto"
+        ) -> list[Row]:
     from acespec.cloud.attention import select_kernels
     from acespec.cloud.loader import DTYPES, load_model, set_threads
+    from acespec.cloud.packed import select_linear
     from acespec.cloud.tp_launch import local_group
 
     rows = []
@@ -100,11 +102,12 @@ def run(model_path: str, shape: str | None, tps: list[int], nodes: list[int], co
         elif tp == 1:
             ctx = contextlib.nullcontext(load_model(model_path, dtype=dtype, device=device))
         else:
-            ctx = local_group(model_path, tp, dtype, device, threads)
+            ctx = local_group(model_path, tp, dtype, device, threads, linear=linear)
         with ctx as model:
             if tp == 1:  # as `cloud serve` would run it: Triton on CUDA when installed
                 set_threads(model, threads)
                 model.kernels = select_kernels("auto", model.device)
+                select_linear(linear, model)
             rows += profile(model, nodes, context, repeats, tp)
     return rows
 

@@ -40,6 +40,7 @@ class ServerConfig:
     grace_s: float = 10.0
     default_params: ServeParams = field(default_factory=ServeParams)
     kernels: str = "auto"  # verifier kernels: auto (Triton on CUDA), triton, torch
+    linear: str = "auto"  # linear layers: auto (oneDNN prepacked on the CPU), onednn, torch
     tp: int | None = None  # tensor-parallel ranks; None: 1, or torchrun's WORLD_SIZE
     gap_drafter: str = ""  # a small drafter (.gguf or HF folder) for lone passes; '' = none
 
@@ -53,6 +54,7 @@ def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
     under --tp/torchrun) and wrapped in an Engine. on_failure(reason): a rank was lost."""
     from acespec.cloud.attention import select_kernels
     from acespec.cloud.loader import load_model, set_threads
+    from acespec.cloud.packed import select_linear
     from acespec.cloud.tp_launch import topology
     from acespec.models import DEMO_TARGET
     from acespec.shared.tokenizer import Tokenizer
@@ -62,6 +64,7 @@ def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
     if topo is None:
         model = load_model(path, dtype=cfg.dtype, device=cfg.device)
         set_threads(model, cfg.threads)
+        log.info("linear layers: %s", select_linear(cfg.linear, model))
         model.kernels = select_kernels(cfg.kernels, model.device)
     else:
         model = _load_sharded(cfg, path, topo, metrics, on_failure)
@@ -76,7 +79,7 @@ def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
         from acespec.cloud.gap import GapDrafter
 
         gap = GapDrafter.load(cfg.gap_drafter, vocab_hash, model.args.vocab_size,
-                              dtype=cfg.dtype, device=str(model.device))
+                              dtype=cfg.dtype, device=str(model.device), linear=cfg.linear)
     return Engine(model, vocab_hash, model_id, cfg.limits, cfg.emulation, metrics, gap)
 
 
@@ -85,7 +88,8 @@ def _load_sharded(cfg: ServerConfig, path: Path, topo, metrics, on_failure):
     from acespec.cloud.tp_launch import check_kernels, start_leader
 
     check_kernels(cfg.kernels, topo.world)
-    model = start_leader(path, topo, cfg.dtype, cfg.device, cfg.threads, on_failure)
+    model = start_leader(path, topo, cfg.dtype, cfg.device, cfg.threads, on_failure,
+                         cfg.linear)
     log.warning("tensor parallelism: %d ranks (%s), torch attention path; rank 0 serves",
                 topo.world, "gloo" if model.device.type == "cpu" else "nccl")
     if metrics:

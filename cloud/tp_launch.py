@@ -64,16 +64,20 @@ def spawn_ranks(topo: Topology, worker_args: list[str]
     return replace(topo, master=f"127.0.0.1:{port}"), children
 
 
-def worker_args(model: str, dtype: str, device: str, threads: int) -> list[str]:
+def worker_args(model: str, dtype: str, device: str, threads: int,
+                linear: str = "auto") -> list[str]:
     """What a spawned rank needs of rank 0's command line."""
     return ["--model", model, "--dtype", dtype, "--device", device, "--threads", str(threads),
-            "--kernels", "torch"]
+            "--kernels", "torch", "--linear", linear]
 
 
-def load_rank(path: str | Path, dtype: str, device: str, threads: int, topo: Topology):
-    """Join the group, load this rank's shard, and check the ranks agree: the model, or
-    ValueError naming the rank that failed or differs (raised on every rank)."""
+def load_rank(path: str | Path, dtype: str, device: str, threads: int, topo: Topology,
+              linear: str = "auto"):
+    """Join the group, load this rank's shard (its linears as `--linear` says), and check
+    the ranks agree: the model, or ValueError naming the rank that failed or differs
+    (raised on every rank)."""
     from acespec.cloud.loader import checkpoint_files, load_model, set_threads
+    from acespec.cloud.packed import select_linear
     from acespec.cloud.sharding import fingerprint
 
     init_group(topo, device)
@@ -81,6 +85,7 @@ def load_rank(path: str | Path, dtype: str, device: str, threads: int, topo: Top
     try:
         model = load_model(path, dtype=dtype, device=device, rank=topo.rank, world=topo.world)
         set_threads(model, threads, share=topo.world)
+        select_linear(linear, model)
         mine = fingerprint(Path(path), checkpoint_files(Path(path)))
     except Exception as e:  # noqa: BLE001 - reported through the group, below
         mine = f"error: {type(e).__name__}: {e}"
@@ -104,7 +109,7 @@ def check_kernels(kernels: str, world: int) -> None:
 
 
 def start_leader(path: str | Path, topo: Topology, dtype: str, device: str, threads: int,
-                 on_failure=None):
+                 on_failure=None, linear: str = "auto"):
     """Rank 0 of a group: start ranks 1..N-1 here unless torchrun did (topo from the
     environment), load this rank's shard and lead the others. The sharded model; the
     ranks this process started are reaped if loading fails."""
@@ -112,9 +117,9 @@ def start_leader(path: str | Path, topo: Topology, dtype: str, device: str, thre
 
     children = []
     if Topology.from_env() is None:
-        topo, children = spawn_ranks(topo, worker_args(str(path), dtype, device, threads))
+        topo, children = spawn_ranks(topo, worker_args(str(path), dtype, device, threads, linear))
     try:
-        model = load_rank(path, dtype, topo.device(device), threads, topo)
+        model = load_rank(path, dtype, topo.device(device), threads, topo, linear)
     except BaseException:
         reap(children)  # they stop on the same error
         raise
@@ -134,13 +139,14 @@ def reap(children: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
 
 @contextlib.contextmanager
 def local_group(path: str | Path, n: int, dtype: str = "float32", device: str = "cpu",
-                threads: int = 0, on_failure=None):
+                threads: int = 0, on_failure=None, linear: str = "auto"):
     """This process as rank 0 of n ranks on this machine (the others spawned), yielding
     the sharded model; the ranks are stopped after (profiles and tests; `cloud serve --tp`
     starts its group the same way, around a server)."""
     saved = torch.get_num_threads()
     try:
-        model = start_leader(path, Topology(0, n, 0), dtype, device, threads, on_failure)
+        model = start_leader(path, Topology(0, n, 0), dtype, device, threads, on_failure,
+                             linear)
     except BaseException:
         torch.set_num_threads(saved)
         raise
@@ -151,7 +157,8 @@ def local_group(path: str | Path, n: int, dtype: str = "float32", device: str = 
         model.tp.stop()
 
 
-def serve_rank(path: str, dtype: str, device: str, threads: int, topo: Topology) -> int:
+def serve_rank(path: str, dtype: str, device: str, threads: int, topo: Topology,
+               linear: str = "auto") -> int:
     """A rank other than 0: load, then run rank 0's passes until it stops. Exit code."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: rank 0 drains first
     signal.signal(signal.SIGTERM, _leave_soon)
@@ -159,7 +166,7 @@ def serve_rank(path: str, dtype: str, device: str, threads: int, topo: Topology)
         handler.setFormatter(logging.Formatter(
             f"%(asctime)s rank {topo.rank} %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     try:
-        model = load_rank(path, dtype, device, threads, topo)
+        model = load_rank(path, dtype, device, threads, topo, linear)
     except ValueError as e:
         if topo.rank == 1:  # one line is enough; rank 0 prints it too
             log.debug("%s", e)

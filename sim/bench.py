@@ -45,6 +45,7 @@ class BenchConfig:
     propose: int = 8  # the verifier's --propose (its own proposals in passes no draft covers)
     gap_drafter: str = ""  # acespec-gap: the verifier's --gap-drafter (the other modes: off)
     dtype: str = "float32"  # the verifier's --dtype (every mode: `ar` runs the same target)
+    linear: str = "auto"  # the verifier's --linear (every mode)
 
     def __post_init__(self):
         from acespec.edge.cli import MAX_DEPTH, MAX_WINDOW
@@ -68,7 +69,7 @@ class BenchConfig:
         """`acespec cloud serve` flags of the bench's verifier (besides host and port)."""
         gap = ["--gap-drafter", self.gap_drafter] if self.gap else []
         return ["--emulate-step-ms", self.emulate, "--grace", "1",
-                "--propose", str(self.propose), "--dtype", self.dtype] + gap
+                "--propose", str(self.propose), "--dtype", self.dtype, "--linear", self.linear] + gap
 
 
 def parse_links(text: str) -> tuple[tuple[str, LinkSpec], ...]:

@@ -32,10 +32,12 @@ def time_target(model_dir: str, emulate: str, sizes=(1, 4, 8, 16, 32)) -> tuple[
     64-token prefix, plus the emulated step, fitted by least squares."""
     from acespec.cloud.batcher import StepEmulation
     from acespec.cloud.loader import load_model, set_threads
+    from acespec.cloud.packed import select_linear
     from acespec.models import DEMO_TARGET
 
     model = load_model(model_dir or DEMO_TARGET)
     set_threads(model, 0)
+    select_linear("auto", model)  # as `cloud serve` runs it
     emu = StepEmulation.parse(emulate)
     xs, ys = [], []
     for n in sizes:

@@ -92,6 +92,9 @@ def add_bench_parser(sub) -> None:
                    "a multi-token pass cheap on a CPU with native bfloat16 (AVX512-BF16, "
                    "AMX), but its logits depend on the pass's size, so greedy text can "
                    "differ from ar's (see same_as_ar) (default: %(default)s)")
+    b.add_argument("--linear", default="auto", choices=["auto", "onednn", "torch"],
+                   help="the verifier's --linear, for every mode: oneDNN with prepacked "
+                   "weights (auto, on the CPU) or torch's F.linear (default: %(default)s)")
     b.add_argument("--emulate-draft-ms", type=draft_ms, default=(0.0, 0.0),
                    metavar="T[,PER_TOKEN]",
                    help="TESTBED profile of the edge: pad each drafter decode to T ms "
@@ -142,7 +145,8 @@ def run_bench_cli(args) -> int:
                           temperature=args.temperature, sampling=args.sampling,
                           emulate=args.emulate_step_ms, per_category=args.per_category,
                           emulate_draft=args.emulate_draft_ms, propose=args.propose,
-                          dtype=args.dtype, gap_drafter=args.gap_drafter or args.drafter)
+                          dtype=args.dtype, linear=args.linear,
+                          gap_drafter=args.gap_drafter or args.drafter)
         bad = [m for m in cfg.modes if m not in BENCH_MODES]
         if bad:
             raise ValueError(f"unknown modes {bad}; available: {', '.join(BENCH_MODES)}")
@@ -154,7 +158,7 @@ def run_bench_cli(args) -> int:
     summary, cats = summarize(records, cfg), by_category(records)
     draft = ",".join(f"{x:g}" for x in cfg.emulate_draft) if any(cfg.emulate_draft) else "off"
     print(f"profile: --emulate-step-ms {cfg.emulate}, --emulate-draft-ms {draft}, "
-          f"--propose {cfg.propose}, verifier {cfg.dtype}, "
+          f"--propose {cfg.propose}, verifier {cfg.dtype} ({cfg.linear} linear), "
           f"depth {cfg.depth}, window {cfg.window}"
           f"{' (adaptive)' if cfg.adaptive else ''}, "
           f"{len(prompts)} prompts, {cfg.max_tokens} tokens each, temperature {cfg.temperature}"
