@@ -15,10 +15,12 @@ Inference only: a packed weight has no gradient; the training paths load their o
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +28,28 @@ DTYPES = (torch.float32, torch.bfloat16)
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
-    """True where oneDNN's prepacked linear runs: a CPU build with mkldnn, float32/bfloat16."""
+    """True where oneDNN's prepacked linear runs: a CPU build with mkldnn, float32/bfloat16,
+    whose result on a small probe equals F.linear's (checked once per dtype)."""
     return (device.type == "cpu" and dtype in DTYPES and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and _probe(dtype))
+
+
+@functools.cache
+def _probe(dtype: torch.dtype) -> bool:
+    """oneDNN's packed linear on a 3 x 40 -> 24 probe is F.linear's within rounding: a
+    build where it fails or differs (an untested platform) keeps torch's path."""
+    g = torch.Generator().manual_seed(0)
+    w, b, x = (torch.randn(*s, generator=g).to(dtype) for s in ((24, 40), (24,), (3, 40)))
+    try:
+        got = PackedLinear(w, b)(x).float()
+    except RuntimeError as e:
+        log.warning("oneDNN's prepacked linear fails here (%s): torch's F.linear runs", e)
+        return False
+    ref = F.linear(x.float(), w.float(), b.float())
+    ok = bool((got - ref).abs().max() <= 0.05 * ref.abs().max())
+    if not ok:
+        log.warning("oneDNN's prepacked linear differs from F.linear here: torch's runs")
+    return ok
 
 
 class PackedLinear(nn.Module):
@@ -65,7 +86,8 @@ def select_linear(choice: str, model: nn.Module) -> str:
     if packed == 0 and choice == "onednn":
         p = next(model.parameters())
         raise ValueError(f"--linear onednn: oneDNN's prepacked linear needs a CPU torch build "
-                         f"with mkldnn and float32 or bfloat16 weights (here: {p.device.type}, "
+                         f"with mkldnn whose packed linear works (see the log), and float32 or "
+                         f"bfloat16 weights (here: {p.device.type}, "
                          f"{str(p.dtype).removeprefix('torch.')})")
     return "onednn" if packed else "torch"
 

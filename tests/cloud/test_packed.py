@@ -118,3 +118,26 @@ def test_cloud_serve_linear_flag_from_the_shell():
             assert proc.stop()[0] == 0
     assert len(texts["onednn"]) == 12
     assert texts["onednn"] == texts["torch"]  # greedy: the same tokens either way
+
+
+def test_auto_keeps_torch_where_onednn_fails(hf_pair, monkeypatch, caplog):
+    """A build whose packed linear raises (an untested platform) runs F.linear under auto,
+    and `--linear onednn` says why it cannot."""
+    from acespec.cloud import packed
+
+    def broken(self, x):
+        raise RuntimeError("no oneDNN kernel for this CPU")
+
+    _, _, path = hf_pair
+    monkeypatch.setattr(packed.PackedLinear, "forward", broken)
+    packed._probe.cache_clear()
+    try:
+        model = load_model(path)
+        assert select_linear("auto", model) == "torch"
+        assert not any(isinstance(m, PackedLinear) for m in model.modules())
+        assert "no oneDNN kernel for this CPU" in caplog.text
+        with pytest.raises(ValueError, match="--linear onednn: oneDNN's prepacked linear"):
+            select_linear("onednn", model)
+    finally:
+        monkeypatch.undo()
+        packed._probe.cache_clear()
