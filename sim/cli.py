@@ -88,10 +88,11 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--emulate-step-ms", default="40,0.5", metavar="T0[,PER_NODE]",
                    help="TESTBED step-time profile of the verifier (default: %(default)s)")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="the verifier's --dtype, for every mode (`ar` too). bfloat16 makes "
-                   "a multi-token pass cheap on a CPU with native bfloat16 (AVX512-BF16, "
-                   "AMX), but its logits depend on the pass's size, so greedy text can "
-                   "differ from ar's (see same_as_ar) (default: %(default)s)")
+                   help="the verifier's --dtype, for every mode (`ar` too). bfloat16 with "
+                   "--linear torch makes a multi-token pass cheap on a CPU with native "
+                   "bfloat16 (AVX512-BF16, AMX), but its logits depend on the pass's size, "
+                   "so greedy text can differ from ar's (see same_as_ar); float32 with the "
+                   "default oneDNN linears is flat too (default: %(default)s)")
     b.add_argument("--linear", default="auto", choices=["auto", "onednn", "torch"],
                    help="the verifier's --linear, for every mode: oneDNN with prepacked "
                    "weights (auto, on the CPU) or torch's F.linear (default: %(default)s)")
