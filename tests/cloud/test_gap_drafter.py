@@ -20,9 +20,12 @@ from conftest import plain_greedy  # noqa: E402
 
 @pytest.fixture
 def gap(tiny_pair):
+    """The f32 copy of the tiny target, its linears as the target's here (torch's F.linear:
+    the fixture's target is built in-process, unpacked), so its picks are the target's to
+    the last bit — as `cloud serve` loads both with the same `--linear`."""
     tok_dir, model, ggufs = tiny_pair
     return GapDrafter.load(ggufs["f32"], Tokenizer.load(tok_dir).vocab_hash(),
-                           model.args.vocab_size)
+                           model.args.vocab_size, linear="torch")
 
 
 def test_proposals_are_the_models_greedy_tokens_as_the_text_grows(gap, tiny_pair):
