@@ -27,6 +27,19 @@ def acceptance_from_al(al: float, depth: int) -> float:
     return (lo + hi) / 2
 
 
+def lookup_acceptance(per_lone: float, k: int) -> float:
+    """The per-position acceptance a at which a lone pass with k proposals decides, on
+    average, per_lone tokens: 1 + a + ... + a^k = per_lone (bisection; it folds in the
+    passes where prompt lookup found nothing to propose). 0 for per_lone <= 1 or k = 0."""
+    if k <= 0 or per_lone <= 1:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        a = (lo + hi) / 2
+        lo, hi = (a, hi) if sum(a ** i for i in range(k + 1)) < per_lone else (lo, a)
+    return (lo + hi) / 2
+
+
 def time_target(model_dir: str, emulate: str, sizes=(1, 4, 8, 16, 32)) -> tuple[float, float]:
     """(base s, per-node s) of one verifier pass: the real forward of n chain nodes after a
     64-token prefix, plus the emulated step, fitted by least squares."""
@@ -95,7 +108,9 @@ def fit_bytes(records: list[dict]) -> dict:
 
 def calibrate(model_dir: str, drafter_path: str, emulate: str = "40,0.5",
               per_category: int = 2, max_tokens: int = 48) -> dict:
-    """Every cost of acespec.sim.des.Costs, plus the measured acceptance and hit rate."""
+    """Every cost of acespec.sim.des.Costs, plus the measured acceptance, hit rate and the
+    verifier's prompt-lookup proposals (tokens per lone pass, and the per-position
+    acceptance that gives them with the bench's --propose)."""
     from acespec.sim.bench import BenchConfig, load_prompts, parse_links, run_bench
 
     prompts = load_prompts(None, per_category)
@@ -113,10 +128,15 @@ def calibrate(model_dir: str, drafter_path: str, emulate: str = "40,0.5",
     al = sum(r["tokens"] for r in sd8) / max(1, sum(r["rounds"] for r in sd8))
     ace = [r for r in records if r["mode"] == "acespec"]
     rej = sum(r["cache_rejections"] for r in ace)
+    lone = sum(r.get("lone_passes") or 0 for r in ace)
+    per_lone = sum(r.get("lone_tokens") or 0 for r in ace) / lone if lone else 1.0
+    propose = BenchConfig.propose  # what the runs above gave the verifier
     return {"costs": asdict(costs), "emulate_step_ms": emulate,
             "sd_tokens_per_round_depth8": round(al, 3),
             "acceptance": round(acceptance_from_al(al, 8), 4),
             "hit_rate": round(sum(r["cache_hits"] for r in ace) / rej, 4) if rej else 0.0,
+            "lone_tokens_per_pass": round(per_lone, 3), "propose": propose,
+            "lookup_acceptance": round(lookup_acceptance(per_lone, propose), 4),
             "prompts": len(prompts), "max_tokens": max_tokens}
 
 

@@ -42,7 +42,8 @@ def add_bench_parser(sub) -> None:
         "TTFT, inter-token latency, acceptance, wire bytes/token (socket level), target "
         "forwards/token, the ideal bound and speedups over ar and sd.\n\n"
         "  acespec bench calibrate --out costs.json   measure the discrete-event model's costs\n"
-        "  acespec bench sweep --calibration costs.json [--accept 0.8]   sweep it",
+        "  acespec bench sweep --calibration costs.json [--accept 0.8]   sweep it (_lone columns:\n"
+        "      the decided modes' passes no edge draft covered, of all passes)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("what", nargs="?", default="run", choices=["run", "calibrate", "sweep"],
                    help="run the real benchmark (default), calibrate the model, or sweep it")
@@ -51,6 +52,10 @@ def add_bench_parser(sub) -> None:
                    "the calibrated pair's)")
     b.add_argument("--hit-rate", type=float, help="sweep: acespec cache hit rate (default: "
                    "calibrated)")
+    b.add_argument("--lookup-accept", type=number(float, 0.0, 0.99), metavar="A",
+                   help="sweep: per-position acceptance of the verifier's prompt-lookup "
+                   "proposals in lone passes of the decided modes (default: the calibration's "
+                   "lookup_acceptance, fitted to its run's tokens per lone pass; 0: none)")
     b.add_argument("--rates", default="20kbit,50kbit,200kbit,1mbit,10mbit",
                    help="sweep: link rates (default: %(default)s)")
     b.add_argument("--rtts", default="10ms,50ms,100ms,200ms", help="sweep: RTTs")
@@ -239,14 +244,18 @@ def _sweep(args) -> int:
         return 2
     accept = args.accept if args.accept is not None else data.get("acceptance", 0.8)
     hit = args.hit_rate if args.hit_rate is not None else data.get("hit_rate", 0.5)
-    rows = sweep(costs, accept, hit, rates, rtts, depths)
-    print(f"discrete-event model: acceptance {accept}, hit rate {hit}, costs "
+    lookup = (args.lookup_accept if args.lookup_accept is not None
+              else data.get("lookup_acceptance", 0.0))
+    rows = sweep(costs, accept, hit, rates, rtts, depths, lookup_accept=lookup)
+    print(f"discrete-event model: acceptance {accept}, hit rate {hit}, prompt-lookup "
+          f"acceptance {lookup}, costs "
           f"{'from ' + args.calibration if args.calibration else '(defaults)'}; best depth/window per "
           "link")
     print(markdown(best_per_link(rows)))
     if args.out:
         Path(args.out).write_text(json.dumps({"accept": accept, "hit_rate": hit,
-                                              "rows": rows}, indent=1))
+                                              "lookup_accept": lookup, "rows": rows},
+                                             indent=1))
     return 0
 
 

@@ -16,12 +16,19 @@ from acespec.sim.stages import LinkSpec
 # proposes in each pass no draft covers as many tokens (up to GAP_PROPOSE) as the verifier's
 # rule finds worth it (acespec.cloud.proposals.worth_depth), accepted like the edge's drafts
 # and each costing the drafter's own decode time (the edge's, a stand-in for a server's).
+# With lookup_accept > 0, acespec-decided and acespec-tree lone passes score the verifier's
+# prompt-lookup proposals (cloud serve --propose, up to GAP_PROPOSE, free to find), each
+# taken with that per-position acceptance (acespec.sim.calibrate.lookup_acceptance fits it
+# to a real run's tokens per lone pass; prompt lookup's reach depends on the text).
 MODES = ("ar", "sd", "pipeline", "acespec", "acespec-ideal", "acespec-decided", "acespec-tree",
          "acespec-gap")
+DECIDED = ("acespec-decided", "acespec-tree", "acespec-gap")
 GAP_PROPOSE = 8  # cloud serve --propose's default: the most a lone pass scores
 
 
-def _scenario(base: Scenario, mode: str, costs: Costs) -> Scenario:
+def _scenario(base: Scenario, mode: str, costs: Costs, lookup_accept: float = 0.0
+              ) -> Scenario:
+    lookup = {"propose": GAP_PROPOSE, "propose_accept": lookup_accept} if lookup_accept else {}
     if mode == "acespec-gap":
         k = worth_depth([base.accept] * GAP_PROPOSE, costs.target_s, 1, costs.draft_s)
         return replace(_scenario(base, "acespec-tree", costs), propose=k,
@@ -29,18 +36,20 @@ def _scenario(base: Scenario, mode: str, costs: Costs) -> Scenario:
     if mode == "acespec-ideal":
         return replace(base, mode="acespec", hit_continues=True)
     if mode == "acespec-decided":
-        return replace(base, mode="acespec", decided=True)
+        return replace(base, mode="acespec", decided=True, **lookup)
     if mode == "acespec-tree":
-        return replace(base, mode="acespec", decided=True, tree=True, branch_depth=4)
+        return replace(base, mode="acespec", decided=True, tree=True, branch_depth=4, **lookup)
     return replace(base, mode=mode)
 
 
 def sweep(costs: Costs, accept: float, hit_rate: float, rates_bps, rtts_s, depths,
-          tokens: int = 400, branch_nodes: int = 4, seed: int = 0) -> list[dict]:
+          tokens: int = 400, branch_nodes: int = 4, seed: int = 0,
+          lookup_accept: float = 0.0) -> list[dict]:
     # One seed of 400 tokens per point: the sweep is for shapes of curves, not decimals.
     """One row per (rate, rtt, depth, window in {depth, 2 x depth}): tokens/s per mode,
-    speedups over ar, and each mode's verifier_busy (fraction of the session's time the
-    verifier spent in passes). sd ignores the window."""
+    speedups over ar, each mode's verifier_busy (fraction of the session's time the
+    verifier spent in passes) and, for the decided modes, its lone share (passes no edge
+    draft covered, of all passes). sd ignores the window. lookup_accept: see MODES."""
     rows = []
     for bps in rates_bps:
         for rtt in rtts_s:
@@ -52,9 +61,11 @@ def sweep(costs: Costs, accept: float, hit_rate: float, rates_bps, rtts_s, depth
                 row = {"rate_kbps": bps / 1000, "rtt_ms": rtt * 1000, "depth": d, "window": w,
                        "ar": round(ar.tokens_per_s, 1), "ar_busy": round(ar.verifier_busy, 2)}
                 for mode in MODES[1:]:
-                    res = simulate(_scenario(base, mode, costs), costs)
+                    res = simulate(_scenario(base, mode, costs, lookup_accept), costs)
                     row[mode] = round(res.tokens_per_s, 1)
                     row[f"{mode}_busy"] = round(res.verifier_busy, 2)
+                    if mode in DECIDED:
+                        row[f"{mode}_lone"] = round(res.lone_passes / max(1, res.rounds), 2)
                 row.update({f"{m}_x_ar": round(row[m] / row["ar"], 2) for m in MODES[1:]})
                 rows.append(row)
     return rows
@@ -62,7 +73,7 @@ def sweep(costs: Costs, accept: float, hit_rate: float, rates_bps, rtts_s, depth
 
 def best_per_link(rows: list[dict]) -> list[dict]:
     """For each (rate, rtt): every mode at its best (depth, window), and the decided
-    engine's verifier_busy there."""
+    modes' verifier_busy and lone share there."""
     out: dict[tuple, dict] = {}
     for r in rows:
         key = (r["rate_kbps"], r["rtt_ms"])
@@ -70,8 +81,8 @@ def best_per_link(rows: list[dict]) -> list[dict]:
         for m in MODES[1:]:
             if r[m] > cur.get(m, 0):
                 cur[m], cur[f"{m}_shape"] = r[m], f"{r['depth']}/{r['window']}"
-                if m in ("acespec-decided", "acespec-tree", "acespec-gap"):
-                    cur[f"{m}_busy"] = r[f"{m}_busy"]
+                if m in DECIDED:
+                    cur[f"{m}_busy"], cur[f"{m}_lone"] = r[f"{m}_busy"], r[f"{m}_lone"]
     for cur in out.values():
         cur.update({f"{m}_x_ar": round(cur[m] / cur["ar"], 2) for m in MODES[1:]})
     return list(out.values())

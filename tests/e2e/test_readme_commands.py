@@ -201,6 +201,30 @@ def test_bench_short_run(tmp_path):
     assert list((tmp_path / "plots").glob("*.png"))
 
 
+def test_bench_sweep_as_in_the_readme(tmp_path):
+    """README: `acespec bench sweep --calibration costs.json --accept 0.8 --rates ... --rtts
+    ...`, with a calibration as `bench calibrate` writes it: the model's table, the decided
+    modes' lone share, and the calibration's prompt-lookup acceptance unless overridden."""
+    from acespec.sim.des import Costs
+
+    cal = tmp_path / "costs.json"
+    cal.write_text(json.dumps({"costs": vars(Costs()), "acceptance": 0.7, "hit_rate": 0.5,
+                               "lookup_acceptance": 0.5}))
+    args = ("bench", "sweep", "--calibration", str(cal), "--accept", "0.8", "--rates",
+            "20kbit,1mbit", "--rtts", "50ms", "--depths", "4")
+    p = acespec(*args, "--out", str(tmp_path / "sweep.json"), timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "acceptance 0.8, hit rate 0.5, prompt-lookup acceptance 0.5" in p.stdout
+    assert "acespec-tree_lone" in p.stdout
+    rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
+    assert len(rows) == 4 and all(0 < r["acespec-tree_lone"] <= 1 for r in rows)
+    plain = acespec(*args, "--lookup-accept", "0", timeout=300)
+    assert plain.returncode == 0 and "prompt-lookup acceptance 0.0" in plain.stdout
+    bad = acespec(*args, "--lookup-accept", "1", timeout=60)
+    assert bad.returncode == 2 and "--lookup-accept" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
 def test_nginx_config_prints_a_config():
     p = acespec("cloud", "nginx-config", "10.0.0.11:50051", "10.0.0.12:50051", "--listen",
                 "0.0.0.0:50051", timeout=60)

@@ -186,3 +186,25 @@ def test_the_sweep_has_the_gap_drafter_mode():
     rows = sweep(COSTS, 0.7, 0.5, [50_000], [0.1], [4], tokens=300)
     best = best_per_link(rows)[0]
     assert best["acespec-gap"] > best["acespec-tree"] and "acespec-gap_busy" in best
+
+
+def test_the_sweep_scores_prompt_lookup_in_lone_passes():
+    """lookup_accept: the decided modes' lone passes score the verifier's prompt-lookup
+    proposals: faster than without, the lone share reported per decided mode, and the
+    acceptance fitted to a run's tokens per lone pass gives that many back in the model."""
+    from acespec.sim.calibrate import lookup_acceptance
+    from acespec.sim.sweep import GAP_PROPOSE, best_per_link, sweep
+
+    plain = best_per_link(sweep(COSTS, 0.6, 0.5, [50_000], [0.1], [4], tokens=300))[0]
+    looked = best_per_link(sweep(COSTS, 0.6, 0.5, [50_000], [0.1], [4], tokens=300,
+                                 lookup_accept=0.5))[0]
+    for mode in ("acespec-decided", "acespec-tree"):
+        assert looked[mode] > 1.2 * plain[mode]
+        assert 0.5 < plain[f"{mode}_lone"] <= 1 and 0 < looked[f"{mode}_lone"] <= 1
+    assert looked["acespec-gap"] == plain["acespec-gap"]  # its proposals are the gap drafter's
+    a = lookup_acceptance(2.0, GAP_PROPOSE)
+    assert a == pytest.approx(0.5, abs=0.01)
+    assert lookup_acceptance(1.0, GAP_PROPOSE) == lookup_acceptance(3.0, 0) == 0.0
+    res = simulate(decided(WAN, accept=0.3, tokens=4000, propose=GAP_PROPOSE,
+                           propose_accept=a), COSTS)
+    assert res.lone_tokens / res.lone_passes == pytest.approx(2.0, rel=0.1)

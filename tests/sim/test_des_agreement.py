@@ -23,23 +23,12 @@ pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
 from acespec.sim.bench import BenchConfig, load_prompts, parse_links, run_bench  # noqa: E402
-from acespec.sim.calibrate import calibrate  # noqa: E402
+from acespec.sim.calibrate import calibrate, lookup_acceptance  # noqa: E402
 from acespec.sim.des import Costs, Scenario, simulate  # noqa: E402
 
 EMULATE = "20,0.5"
 LINK = "100kbit:40ms"
 TOLERANCE = 0.35
-
-
-def _per_position(per_lone: float, k: int) -> float:
-    """The per-position acceptance a at which a lone pass with k proposals decides, on
-    average, what the real run's lone passes did: 1 + a + ... + a^k = per_lone (bisection;
-    it folds in the passes where prompt lookup found nothing to propose)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(40):
-        a = (lo + hi) / 2
-        lo, hi = (a, hi) if sum(a ** i for i in range(k + 1)) < per_lone else (lo, a)
-    return (lo + hi) / 2
 
 
 def test_model_agrees_with_the_real_system(tiny_hf_dir, noisy_gguf):
@@ -66,7 +55,7 @@ def test_model_agrees_with_the_real_system(tiny_hf_dir, noisy_gguf):
                                            window=8, tokens=48, seed=s, decided=tree,
                                            tree=tree, hit_rate=hits, branch_depth=4,
                                            propose=cfg.propose if tree else 0,
-                                           propose_accept=_per_position(per_lone, cfg.propose),
+                                           propose_accept=lookup_acceptance(per_lone, cfg.propose),
                                            propose_s=gap_s),
                                   costs).tokens_per_s for s in range(20)])
         report[mode] = (round(real, 1), round(float(model), 1))
