@@ -56,6 +56,10 @@ def add_bench_parser(sub) -> None:
                    help="sweep: per-position acceptance of the verifier's prompt-lookup "
                    "proposals in lone passes of the decided modes (default: the calibration's "
                    "lookup_acceptance, fitted to its run's tokens per lone pass; 0: none)")
+    b.add_argument("--hold-ms", type=number(float, 0.0), default=0.0, metavar="MS",
+                   help="sweep: the decided modes' verifier idles up to MS before a pass no "
+                   "draft covers, for drafts already on their way (what waiting for the edge "
+                   "would buy; the real verifier never waits; default: %(default)s)")
     b.add_argument("--rates", default="20kbit,50kbit,200kbit,1mbit,10mbit",
                    help="sweep: link rates (default: %(default)s)")
     b.add_argument("--rtts", default="10ms,50ms,100ms,200ms", help="sweep: RTTs")
@@ -246,9 +250,11 @@ def _sweep(args) -> int:
     hit = args.hit_rate if args.hit_rate is not None else data.get("hit_rate", 0.5)
     lookup = (args.lookup_accept if args.lookup_accept is not None
               else data.get("lookup_acceptance", 0.0))
-    rows = sweep(costs, accept, hit, rates, rtts, depths, lookup_accept=lookup)
+    rows = sweep(costs, accept, hit, rates, rtts, depths, lookup_accept=lookup,
+                 hold_s=args.hold_ms / 1000)
+    hold = f", verifier holds up to {args.hold_ms:g} ms" if args.hold_ms else ""
     print(f"discrete-event model: acceptance {accept}, hit rate {hit}, prompt-lookup "
-          f"acceptance {lookup}, costs "
+          f"acceptance {lookup}{hold}, costs "
           f"{'from ' + args.calibration if args.calibration else '(defaults)'}; best depth/window per "
           "link")
     print(markdown(best_per_link(rows)))

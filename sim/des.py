@@ -65,6 +65,9 @@ class Scenario:
     propose_accept: float = 0.0  # ... each accepted (in order) with this probability
     propose_s: float = 0.0  # ... each costing this long before the pass (a gap drafter's
     # decode; prompt lookup costs nothing)
+    hold_s: float = 0.0  # decided: before a pass no draft covers, the verifier idles up to
+    # this long for a Drafts message already on its way (an oracle's wait: the bound of what
+    # waiting for the edge could buy; the real verifier never waits)
     seed: int = 0
 
 
@@ -312,6 +315,10 @@ class _DecidingVerifier:
         """One pass: decide the accepted drafts and one more; send them down at its end."""
         self._receive()
         feed = self._live()
+        if not feed and self.inbox and self.inbox[0].arrive - self.free <= self.sc.hold_s:
+            self.free = self.inbox[0].arrive  # idle until the drafts on their way land
+            self._receive()
+            feed = self._live()
         fed = len(feed) + sum(1 + len(b) for p, b in self.branches.items() if p in feed)
         k = 0
         while k < len(feed) and (self.flags[feed[k]] or self._hit(feed[k])):

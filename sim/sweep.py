@@ -29,6 +29,8 @@ GAP_PROPOSE = 8  # cloud serve --propose's default: the most a lone pass scores
 def _scenario(base: Scenario, mode: str, costs: Costs, lookup_accept: float = 0.0
               ) -> Scenario:
     lookup = {"propose": GAP_PROPOSE, "propose_accept": lookup_accept} if lookup_accept else {}
+    if mode not in DECIDED:
+        base = replace(base, hold_s=0.0)
     if mode == "acespec-gap":
         k = worth_depth([base.accept] * GAP_PROPOSE, costs.target_s, 1, costs.draft_s)
         return replace(_scenario(base, "acespec-tree", costs), propose=k,
@@ -44,12 +46,14 @@ def _scenario(base: Scenario, mode: str, costs: Costs, lookup_accept: float = 0.
 
 def sweep(costs: Costs, accept: float, hit_rate: float, rates_bps, rtts_s, depths,
           tokens: int = 400, branch_nodes: int = 4, seed: int = 0,
-          lookup_accept: float = 0.0) -> list[dict]:
+          lookup_accept: float = 0.0, hold_s: float = 0.0) -> list[dict]:
     # One seed of 400 tokens per point: the sweep is for shapes of curves, not decimals.
     """One row per (rate, rtt, depth, window in {depth, 2 x depth}): tokens/s per mode,
     speedups over ar, each mode's verifier_busy (fraction of the session's time the
     verifier spent in passes) and, for the decided modes, its lone share (passes no edge
-    draft covered, of all passes). sd ignores the window. lookup_accept: see MODES."""
+    draft covered, of all passes). sd ignores the window. lookup_accept: see MODES; hold_s:
+    the decided modes' verifier idles up to this long for drafts on their way
+    (acespec.sim.des.Scenario.hold_s: what waiting for the edge would buy; 0 as built)."""
     rows = []
     for bps in rates_bps:
         for rtt in rtts_s:
@@ -57,7 +61,8 @@ def sweep(costs: Costs, accept: float, hit_rate: float, rates_bps, rtts_s, depth
             ar = simulate(Scenario("ar", link, tokens=tokens, seed=seed), costs)
             for d, w in ((k, w) for k in depths for w in (k, 2 * k)):
                 base = Scenario("sd", link, accept=accept, depth=d, window=w, tokens=tokens,
-                                hit_rate=hit_rate, branch_nodes=branch_nodes, seed=seed)
+                                hit_rate=hit_rate, branch_nodes=branch_nodes, seed=seed,
+                                hold_s=hold_s)
                 row = {"rate_kbps": bps / 1000, "rtt_ms": rtt * 1000, "depth": d, "window": w,
                        "ar": round(ar.tokens_per_s, 1), "ar_busy": round(ar.verifier_busy, 2)}
                 for mode in MODES[1:]:

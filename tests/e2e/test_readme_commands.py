@@ -218,8 +218,9 @@ def test_bench_sweep_as_in_the_readme(tmp_path):
     assert "acespec-tree_lone" in p.stdout
     rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
     assert len(rows) == 4 and all(0 < r["acespec-tree_lone"] <= 1 for r in rows)
-    plain = acespec(*args, "--lookup-accept", "0", timeout=300)
-    assert plain.returncode == 0 and "prompt-lookup acceptance 0.0" in plain.stdout
+    plain = acespec(*args, "--lookup-accept", "0", "--hold-ms", "50", timeout=300)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert "prompt-lookup acceptance 0.0, verifier holds up to 50 ms" in plain.stdout
     bad = acespec(*args, "--lookup-accept", "1", timeout=60)
     assert bad.returncode == 2 and "--lookup-accept" in bad.stderr
     assert "Traceback" not in bad.stderr
