@@ -179,9 +179,11 @@ def test_lookups_counterfactual_is_its_prefix_agreeing_with_what_was_decided():
 def test_coupled_sessions_get_the_drafters_coupled_picks(gap, tiny_pair):
     """In a coupled session the drafter proposes its Gumbel-max with the target's noise at
     each position (the session's own verdict rule), not its greedy token: the f32 copy of
-    the target then proposes exactly what the target decides, so every proposal scored is
-    taken (greedy picks would match a T=1 draw far less often), and the text is the one the
-    session decides with no proposals at all."""
+    the target then proposes what the target decides, so nearly every proposal scored is
+    taken, far more often than the greedy token is the decided one; and the text is the one
+    the session decides with no proposals at all. (Not every one: the copy proposes one
+    token per forward, the target scores several per pass, and float32 sums in another
+    order can flip a near tie of the Gumbel-max; CI saw 16 of 18.)"""
     from acespec.cloud.engine import Engine, Limits
 
     from verifier_harness import run
@@ -199,5 +201,8 @@ def test_coupled_sessions_get_the_drafters_coupled_picks(gap, tiny_pair):
     plain, s = run(go(0)), run(go(4))
     assert s.tokens == plain.tokens
     assert s.counts.gap_s > 0 and s.counts.proposed > 0
-    assert s.counts.proposed_accepted == s.counts.proposed, vars(s.counts)
+    taken = s.counts.proposed_accepted / s.counts.proposed
+    decided = range(len(prompt), len(s.tokens))
+    greedy = np.mean([plain_greedy(model, s.tokens[:p], 1)[0] == s.tokens[p] for p in decided])
+    assert taken >= 0.8 and taken > greedy + 0.3, (vars(s.counts), greedy)
     assert s.counts.passes < plain.counts.passes
