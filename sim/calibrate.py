@@ -29,15 +29,10 @@ def acceptance_from_al(al: float, depth: int) -> float:
 
 def lookup_acceptance(per_lone: float, k: int) -> float:
     """The per-position acceptance a at which a lone pass with k proposals decides, on
-    average, per_lone tokens: 1 + a + ... + a^k = per_lone (bisection; it folds in the
-    passes where prompt lookup found nothing to propose). 0 for per_lone <= 1 or k = 0."""
-    if k <= 0 or per_lone <= 1:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    for _ in range(40):
-        a = (lo + hi) / 2
-        lo, hi = (a, hi) if sum(a ** i for i in range(k + 1)) < per_lone else (lo, a)
-    return (lo + hi) / 2
+    average, per_lone tokens: 1 + a + ... + a^k = per_lone, the sum acceptance_from_al
+    inverts (it folds in the passes where prompt lookup found nothing to propose). 0 for
+    per_lone <= 1 or k = 0."""
+    return acceptance_from_al(per_lone, k) if k > 0 and per_lone > 1 else 0.0
 
 
 def time_target(model_dir: str, emulate: str, sizes=(1, 4, 8, 16, 32)) -> tuple[float, float]:

@@ -29,8 +29,6 @@ GAP_PROPOSE = 8  # cloud serve --propose's default: the most a lone pass scores
 def _scenario(base: Scenario, mode: str, costs: Costs, lookup_accept: float = 0.0
               ) -> Scenario:
     lookup = {"propose": GAP_PROPOSE, "propose_accept": lookup_accept} if lookup_accept else {}
-    if mode not in DECIDED:
-        base = replace(base, hold_s=0.0)
     if mode == "acespec-gap":
         k = worth_depth([base.accept] * GAP_PROPOSE, costs.target_s, 1, costs.draft_s)
         return replace(_scenario(base, "acespec-tree", costs), propose=k,
