@@ -12,13 +12,12 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from acespec.argtypes import number
+from acespec.procs import free_port, python_module, wait_port
 
 SAMPLE = "def fibonacci(n):\n    "
 DEFAULT_PAIR = "smollm2"  # above ar in `acespec bench --pair smollm2 --dataset sharegpt`
@@ -53,25 +52,6 @@ def add_parser(sub) -> None:
                        target="model", drafter="drafter")
     d.add_argument("--modes", default="acespec,ar", help="first is streamed (default: %(default)s)")
     d.set_defaults(func=run)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 120.0,
-              host: str = "127.0.0.1") -> None:
-    """Until host:port accepts connections; fails early if the process died."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the {what} exited with code {proc.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection((host, port), 0.2):
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"the {what} did not listen on port {port} within {timeout:.0f} s")
 
 
 class Children:
@@ -130,7 +110,7 @@ def run(args) -> int:
         args.emulate_step_ms = "0" if args.pair not in (None, "demo") else "40,0.5"
     logs = Path(tempfile.mkdtemp(prefix="acespec-demo-"))
     cloud, link = free_port(), free_port()
-    me = [sys.executable, "-m", "acespec"]
+    me = python_module("acespec")
     with Children() as kids:
         try:
             # The verifier shares this machine with the edge's drafter: half the cores.

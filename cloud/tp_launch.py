@@ -13,9 +13,7 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +21,7 @@ from pathlib import Path
 import torch
 
 from acespec.cloud.tensor_parallel import Topology, exchange, follow, init_group
+from acespec.procs import free_port, python_module
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +50,14 @@ def spawn_ranks(topo: Topology, worker_args: list[str]
     """Start ranks 1..N-1 on this machine (`python -m acespec.cloud serve ...` with the
     group's environment); returns rank 0's topology with the meeting point, and their
     Popen. This process's environment is left as it was."""
-    port = _free_port()
+    port = free_port()
     base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             "WORLD_SIZE": str(topo.world), SPAWNED: str(os.getpid())}
     children = []
     for r in range(1, topo.world):
         env = {**base, "RANK": str(r), "LOCAL_RANK": str(r)}
         children.append(subprocess.Popen(
-            [sys.executable, "-m", "acespec.cloud", "serve", *worker_args], env=env))
+            [*python_module("acespec.cloud"), "serve", *worker_args], env=env))
     log.info("tensor parallelism: started ranks 1..%d (pids %s), rendezvous on 127.0.0.1:%d",
              topo.world - 1, ", ".join(str(c.pid) for c in children), port)
     return replace(topo, master=f"127.0.0.1:{port}"), children
@@ -181,9 +180,3 @@ def _leave_soon(signum, frame) -> None:
     timer = threading.Timer(TERM_GRACE_S, os._exit, args=(0,))
     timer.daemon = True
     timer.start()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

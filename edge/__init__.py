@@ -9,3 +9,7 @@ and keeps the committed text, while a remote verifier scores or decides.
     text.py       tokenization and chat templates (TextCodec, chat_segments)
     cli.py        `acespec edge generate | serve`; status.py its live status line
 """
+
+from acespec.layout import require_subpackage
+
+require_subpackage(__name__, __path__[0])

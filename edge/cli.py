@@ -10,11 +10,10 @@ from pathlib import Path
 
 from acespec import pairs
 from acespec.argtypes import EXIT_USAGE, OneLineErrors, draft_ms, number
-from acespec.edge.session.config import GROW_SEQS
+from acespec.edge.session.config import GROW_SEQS, MAX_DEPTH, MAX_WINDOW
 from acespec.edge.status import LiveStatus
 
 EXIT_UNREACHABLE, EXIT_REFUSED = 3, 4
-MAX_DEPTH, MAX_WINDOW = 64, 1024
 MAX_CONCURRENT = 32  # sequences: 1 + GROW_SEQS per generation, + 1, within llama.cpp's 256
 U64 = 2**64 - 1  # the wire's seed is a uint64
 U32 = 2**32 - 1  # ... and top_k a uint32

@@ -1,1 +1,5 @@
 """Triton kernels for the verifier, each beside its torch reference (see DESIGN §9)."""
+
+from acespec.layout import require_subpackage
+
+require_subpackage(__name__, __path__[0])

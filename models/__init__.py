@@ -9,6 +9,10 @@
 
 from pathlib import Path
 
+from acespec.layout import require_subpackage
+
+require_subpackage(__name__, __path__[0])
+
 DEMO_DIR = Path(__file__).resolve().parent / "demo"
 DEMO_TARGET = DEMO_DIR / "target"
 DEMO_DRAFTER = DEMO_DIR / "drafter-q8_0.gguf"

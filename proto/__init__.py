@@ -1,6 +1,10 @@
 """Wire protocol: acespec.proto, its generated stubs (committed; regenerate with
 scripts/gen_proto.sh) and the codec between protobuf and `acespec.shared` types."""
 
+from acespec.layout import require_subpackage
+
+require_subpackage(__name__, __path__[0])
+
 PROTOCOL_VERSION = 1
 # gRPC metadata naming the edge session, so a load balancer can hash on it (stickiness).
 SESSION_KEY = "x-acespec-session"

@@ -5,12 +5,15 @@
 #   ACESPEC_TORCH  the torch requirement (default: torch==2.13.0, the CPU build on this
 #                  testbed; a looser spec can pull a multi-GB CUDA build)
 #   CMAKE_ARGS     llama.cpp build flags (default: trimmed, portable AVX2 build)
+#   ACESPEC_CONSTRAINTS  pip constraints for everything else (default: constraints.txt, the
+#                  versions CI checks; 'none': the newest releases pyproject.toml allows)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${ACESPEC_VENV:-.venv}
 PY=${PYTHON:-python3}
 TORCH=${ACESPEC_TORCH:-torch==2.13.0}
 LLAMA=llama-cpp-python==0.3.36
+CONSTRAINTS=${ACESPEC_CONSTRAINTS:-constraints.txt}
 # No tools, examples, tests, server or multimodal library: about 140 units instead of ~200.
 export CMAKE_ARGS=${CMAKE_ARGS:-"-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"}
 
@@ -21,10 +24,15 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+PINS=()
+if [ "$CONSTRAINTS" != none ]; then
+  [ -f "$CONSTRAINTS" ] || { say "no constraints file $CONSTRAINTS (ACESPEC_CONSTRAINTS=none: newest releases)"; exit 2; }
+  PINS=(-c "$CONSTRAINTS")
+fi
 "${PIP[@]}" install -q --upgrade pip setuptools wheel
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   say "installing $TORCH"
-  "${PIP[@]}" install -q "$TORCH"
+  "${PIP[@]}" install -q "${PINS[@]}" "$TORCH"
 fi
 if ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
   say "installing $LLAMA (compiles llama.cpp on first install: ~5-20 min; pip caches the wheel)"
@@ -40,6 +48,6 @@ if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
     say "nginx not found and cannot install it here: the load-balancer test will be skipped"
   fi
 fi
-say "installing acespec[all] (editable)"
-"${PIP[@]}" install -q -e '.[all]'
+say "installing acespec[all] (editable; constraints: $CONSTRAINTS)"
+"${PIP[@]}" install -q "${PINS[@]}" -e '.[all]'
 say "ready: $VENV/bin/acespec"

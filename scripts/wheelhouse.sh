@@ -2,7 +2,8 @@
 # Build the wheelhouse the Docker images install from (build/wheelhouse): every dependency of
 # acespec[all] as a wheel, with the pinned CPU torch and the compiled llama-cpp-python, so that
 # an image build installs with `pip install --no-index --find-links` (no registry, no compile
-# inside a container). Idempotent: skipped while pyproject.toml and the pins are unchanged.
+# inside a container), at the versions constraints.txt names. Idempotent: skipped while
+# pyproject.toml, constraints.txt and the pins are unchanged.
 #
 #   ACESPEC_TORCH   the torch requirement (default torch==2.13.0, the CPU build; a looser
 #                   spec can pull a multi-GB CUDA build)
@@ -20,14 +21,14 @@ export CMAKE_ARGS=${CMAKE_ARGS:-"-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLA
 
 say() { printf '\033[1m[wheelhouse]\033[0m %s\n' "$*" >&2; }
 
-stamp="$("$PY" -c 'import sys; print(sys.version_info[:2])') $TORCH $LLAMA $(sha256sum pyproject.toml | cut -c1-16)"
+stamp="$("$PY" -c 'import sys; print(sys.version_info[:2])') $TORCH $LLAMA $(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)"
 if [ -f "$OUT/.stamp" ] && [ "$(cat "$OUT/.stamp")" = "$stamp" ]; then
   say "up to date: $OUT ($(ls "$OUT"/*.whl | wc -l) wheels, $(du -sh "$OUT" | cut -f1))"
   exit 0
 fi
 mkdir -p "$OUT"
 say "building wheels into $OUT ($TORCH, $LLAMA, acespec[all] dependencies)"
-"$PY" -m pip wheel -q --disable-pip-version-check -w "$OUT" \
+"$PY" -m pip wheel -q --disable-pip-version-check -w "$OUT" -c constraints.txt \
   pip setuptools wheel "$TORCH" "$LLAMA" '.[all]' 2>&1 | { grep -v '^WARNING: Location' || true; } >&2
 rm -f "$OUT"/acespec-*.whl   # the images install acespec from the source tree
 echo "$stamp" > "$OUT/.stamp"

@@ -48,7 +48,7 @@ class BenchConfig:
     linear: str = "auto"  # the verifier's --linear (every mode)
 
     def __post_init__(self):
-        from acespec.edge.cli import MAX_DEPTH, MAX_WINDOW
+        from acespec.edge.session.config import MAX_DEPTH, MAX_WINDOW
 
         if not 1 <= self.depth <= MAX_DEPTH:
             raise ValueError(f"--depth {self.depth} must be in [1, {MAX_DEPTH}]")
@@ -150,17 +150,13 @@ async def _verifier_process(cfg: BenchConfig, model_dir: str):
     """One `acespec cloud serve` process for every link (half the cores: the edge shares the
     machine); the proxy does all the shaping."""
     import os
-    import socket
     import subprocess
-    import sys
     import tempfile
 
-    from acespec.demo import wait_port
+    from acespec.procs import free_port, python_module, wait_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    argv = [sys.executable, "-m", "acespec", "cloud", "serve", "--host", "127.0.0.1",
+    port = free_port()
+    argv = [*python_module("acespec"), "cloud", "serve", "--host", "127.0.0.1",
             "--port", str(port), *cfg.serve_flags(),
             "--threads", str(max(1, (os.cpu_count() or 2) // 2))]
     log = tempfile.TemporaryFile()
@@ -200,10 +196,9 @@ async def _verifier_in_netns(cfg: BenchConfig, model_dir: str):
     """Per link: a network namespace whose veth is shaped by tc tbf, the verifier running
     inside it; the proxy in front only delays (tc has no netem here) and counts."""
     import subprocess
-    import sys
     import tempfile
 
-    from acespec.demo import wait_port
+    from acespec.procs import python_module, wait_port
     from acespec.sim.netns import NetnsLink, available
 
     port = 50051  # the verifier's, inside its own namespace
@@ -214,7 +209,7 @@ async def _verifier_in_netns(cfg: BenchConfig, model_dir: str):
     @contextlib.asynccontextmanager
     async def start(spec):
         with NetnsLink(spec.up_bps, spec.down_bps) as ns:
-            argv = [sys.executable, "-m", "acespec", "cloud", "serve", "--host", ns.cloud_ip,
+            argv = [*python_module("acespec"), "cloud", "serve", "--host", ns.cloud_ip,
                     "--port", str(port), *cfg.serve_flags()]
             log = tempfile.TemporaryFile()
             proc = subprocess.Popen(ns.argv_in_ns(argv + (["--model", model_dir] if model_dir

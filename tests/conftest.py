@@ -20,6 +20,10 @@ from hypothesis import settings
 if os.environ.get("ACESPEC_TRITON_GPU") != "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Commands the tests start from the repository root (`python -m acespec ...`) must not put it
+# on sys.path: its folders would shadow installed packages of the same names (docs/design.md §2).
+os.environ.setdefault("PYTHONSAFEPATH", "1")
+
 # CI must be reproducible: the same examples on every run.
 settings.register_profile("acespec", derandomize=True, database=None)
 settings.load_profile("acespec")

@@ -44,3 +44,27 @@ def test_subpackage_imports_without(sub, blocked, some):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert some <= set(proc.stdout.split())  # subpackages are walked too
+
+
+CLI_MODULES = {"acespec.cli", "acespec.cli_generate", "acespec.demo", "acespec.edge.cli",
+               "acespec.cloud.cli", "acespec.sim.cli", "acespec.cloud.__main__"}
+
+LIBRARY_SCRIPT = """
+import importlib, pkgutil, sys
+import acespec.{sub} as pkg
+mods = [m.name for m in pkgutil.walk_packages(pkg.__path__, 'acespec.{sub}.')]
+for m in mods:
+    if m not in {cli!r}:
+        importlib.import_module(m)
+print(' '.join(sorted(n for n in sys.modules if n in {cli!r})))
+"""
+
+
+@pytest.mark.parametrize("sub", ["sim", "shared", "edge.session", "edge.api", "kernels", "cloud"])
+def test_libraries_import_no_cli_module(sub):
+    """A library sits below the commands: importing every module of it (its own `cli`
+    aside) loads no command-line module."""
+    proc = subprocess.run([sys.executable, "-c", LIBRARY_SCRIPT.format(sub=sub, cli=CLI_MODULES)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [], f"acespec.{sub} imports CLI modules: {proc.stdout}"

@@ -10,6 +10,7 @@ from acespec.edge.speculation.branches import CacheConfig, CacheStats
 from acespec.shared.served import ServeParams
 
 MODES = ("ar", "sd", "pipeline", "acespec")
+MAX_DEPTH, MAX_WINDOW = 64, 1024  # the largest --depth and --window an edge accepts
 GROW_SEQS = 6  # drafter sequences a request's speculation tree may use besides its main one
 
 

@@ -65,6 +65,6 @@ def test_grow_over_its_cap_is_resource_exhausted():
 
 
 def test_limits_default_allows_the_edges_largest_window():
-    from acespec.edge.cli import MAX_WINDOW
+    from acespec.edge.session.config import MAX_WINDOW
 
     assert DecideLimits(max_tokens=1).max_pending >= 2 * MAX_WINDOW
