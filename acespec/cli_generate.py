@@ -43,7 +43,7 @@ class CliError(Exception):
 
 def _load_pair(args):
     from acespec import pairs
-    from acespec.cloud.loader import load_model, set_threads
+    from acespec.cloud.target.loader import load_model, set_threads
     from acespec.shared.tokenizer import Tokenizer
 
     pairs.apply(args)

@@ -1,4 +1,11 @@
-"""The cloud side: the torch target model, its tree KV cache, and (later) the gRPC verifier."""
+"""The cloud side: the verifier. Three rooms, each importing only those before it:
+
+    target/    the model: weights, attention, tree KV cache, tensor parallelism
+    verify/    the verifying policy: sessions, decided sessions, proposals, batching
+    serving/   the shell: gRPC server and servicer, metrics, nginx
+    errors.py  domain errors (each names its gRPC status code), raised by any room
+    cli.py     `acespec cloud ...`; __main__.py the same for `python -m acespec.cloud`
+"""
 
 from acespec.layout import require_subpackage
 

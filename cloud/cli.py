@@ -106,7 +106,7 @@ def add_parser(sub) -> None:
     ng.add_argument("replicas", nargs="+", metavar="HOST:PORT")
     ng.add_argument("--listen", default="0.0.0.0:50051")
     ng.add_argument("--prefix", default="/var/lib/acespec-nginx", help="pid/log/temp folder")
-    ng.set_defaults(func=lambda a: print(__import__("acespec.cloud.nginx", fromlist=["x"])
+    ng.set_defaults(func=lambda a: print(__import__("acespec.cloud.serving.nginx", fromlist=["x"])
                                          .nginx_config(a.replicas, a.listen, a.prefix)) or 0)
 
 
@@ -130,9 +130,9 @@ def _int_list(text: str) -> list[int]:
 def run_profile(args) -> int:
     import json
 
-    from acespec.cloud import profile
-    from acespec.cloud.config import ModelArgs
-    from acespec.cloud.sharding import check_tp
+    from acespec.cloud.target import profile
+    from acespec.cloud.target.config import ModelArgs
+    from acespec.cloud.target.sharding import check_tp
 
     try:
         pairs.apply(args)
@@ -187,15 +187,15 @@ def _tokens(path: str | None) -> frozenset[str]:
 def run_serve(args) -> int:
     import asyncio
 
-    from acespec.cloud.batcher import StepEmulation
-    from acespec.cloud.engine import Limits
-    from acespec.cloud.server import ServeFailed, ServerConfig, serve
+    from acespec.cloud.serving.server import ServeFailed, ServerConfig, serve
+    from acespec.cloud.verify.batcher import StepEmulation
+    from acespec.cloud.verify.engine import Limits
 
     try:
         pairs.apply(args)
         topo = _check_tp(args)
         if topo is not None and topo.rank != 0:
-            from acespec.cloud.tp_launch import serve_rank
+            from acespec.cloud.target.tp_launch import serve_rank
 
             return serve_rank(args.model or _demo_target(), args.dtype,
                               topo.device(args.device), args.threads, topo, args.linear)
@@ -229,14 +229,14 @@ def _demo_target() -> str:
 def _check_tp(args):
     """This process's tensor-parallel topology (None: one device), after the checks that
     need no other rank: ValueError (one line) on a bad --tp."""
-    from acespec.cloud.tp_launch import topology
+    from acespec.cloud.target.tp_launch import topology
 
     topo = topology(args.tp)
     if topo is None:
         return None
-    from acespec.cloud.config import ModelArgs
-    from acespec.cloud.sharding import check_tp
-    from acespec.cloud.tp_launch import check_kernels
+    from acespec.cloud.target.config import ModelArgs
+    from acespec.cloud.target.sharding import check_tp
+    from acespec.cloud.target.tp_launch import check_kernels
 
     check_kernels(args.kernels, topo.world)  # every rank, before any waits for the others
 

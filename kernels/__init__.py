@@ -1,4 +1,4 @@
-"""Triton kernels for the verifier, each beside its torch reference (see DESIGN §9)."""
+"""Triton kernels for the verifier, each beside its torch reference (see docs/design.md §9)."""
 
 from acespec.layout import require_subpackage
 

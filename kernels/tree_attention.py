@@ -1,4 +1,4 @@
-"""Tree attention for verification over a paged KV cache (DESIGN §9).
+"""Tree attention for verification over a paged KV cache (docs/design.md §9).
 
 Queries are the new nodes of a varlen batch of sessions; keys and values live in a paged
 pool (fixed-size blocks, one block table per session) that already holds the new nodes'

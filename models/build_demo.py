@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from acespec.cloud.config import ModelArgs
+from acespec.cloud.target.config import ModelArgs
 from acespec.models.corpus import Corpus, load_corpus
 from acespec.models.train import TrainConfig
 
@@ -95,7 +95,7 @@ def _train_worker(which: str, args: ModelArgs, cfg: TrainConfig, stream_path: st
     if teacher is None:
         model = train(args, cfg, stream, Path(ckpt), label=which)
     else:
-        from acespec.cloud.model import Transformer
+        from acespec.cloud.target.model import Transformer
         from acespec.models.distill import train_distilled
 
         t_args, t_state, k, pool_every = teacher
@@ -141,7 +141,7 @@ def build_demo(out: Path, work: Path, preset_name: str = "demo", seed: int = 0) 
     states = _train_pair(preset, jobs, str(streams["train"]), work)
     models = {}
     for w, (args, _) in jobs.items():
-        from acespec.cloud.model import Transformer
+        from acespec.cloud.target.model import Transformer
 
         m = Transformer(args)
         m.load_state_dict({k: torch.from_numpy(v) for k, v in states[w].items()})
@@ -205,7 +205,7 @@ def measure_acceptance(target_dir: Path, gguf: Path, corpus: Corpus, preset: Bui
                        seed: int) -> dict:
     """Greedy tokens per target step (bonus included) at each depth, on held-out files:
     prompts of 64 tokens from the validation files, eval_tokens generated each."""
-    from acespec.cloud.loader import load_model
+    from acespec.cloud.target.loader import load_model
     from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
     from acespec.shared.config import SamplingParams
     from acespec.shared.tokenizer import Tokenizer

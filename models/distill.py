@@ -91,7 +91,7 @@ def compare_objectives(demo: Path, work: Path, steps: int = 600, k: int = 32,
                        pool_every: int = 4, seed: int = 1) -> dict:
     """Train the demo drafter shape for `steps` steps' worth of time with each objective and
     measure greedy acceptance (Q8_0 GGUF vs the torch target) and validation perplexity."""
-    from acespec.cloud.loader import load_model
+    from acespec.cloud.target.loader import load_model
     from acespec.models.build_demo import PRESETS, model_args, token_stream
     from acespec.models.corpus import load_corpus
     from acespec.models.gguf_export import export_gguf

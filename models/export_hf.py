@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from acespec.cloud.model import Transformer
+from acespec.cloud.target.model import Transformer
 
 HF_NAMES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 

@@ -26,7 +26,7 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
 def export_gguf(model, tokenizer_dir: str | Path, out_path: str | Path, ftype: str = "f16",
                 name: str = "acespec-drafter", context_length: int = 4096,
                 chat_template: str | None = None, tokenizer_gguf: str | Path | None = None) -> Path:
-    """Write `model` (acespec.cloud.model.Transformer, arch llama, no biases) to GGUF.
+    """Write `model` (acespec.cloud.target.model.Transformer, arch llama, no biases) to GGUF.
 
     ftype: 'f32' | 'f16' | 'q8_0'. Norms always stay F32 (as llama.cpp's converter does).
     tokenizer_gguf: copy every `tokenizer.*` key (vocabulary, merges, special ids, chat

@@ -1,6 +1,6 @@
 """Convert a Llama-architecture GGUF (llama.cpp's format) into a Hugging Face checkpoint
 directory: config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
-generation_config.json. `transformers` and the verifier (acespec.cloud.loader) load it
+generation_config.json. `transformers` and the verifier (acespec.cloud.target.loader) load it
 unchanged.
 
 Weights are dequantized with `gguf` and stored as float32. Why float32: a Q4_1 weight is

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from acespec.cloud.config import ModelArgs
-from acespec.cloud.model import Transformer
+from acespec.cloud.target.config import ModelArgs
+from acespec.cloud.target.model import Transformer
 
 log = logging.getLogger(__name__)
 

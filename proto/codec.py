@@ -136,7 +136,7 @@ def decode_scores(msg: pb.Scores) -> list[NodeScore]:
 
 @dataclass(frozen=True)
 class DraftsMsg:
-    """A Drafts uplink in domain form (see acespec.cloud.decided)."""
+    """A Drafts uplink in domain form (see acespec.cloud.verify.decided)."""
 
     position: int
     behind: int
@@ -196,7 +196,7 @@ def decode_grow(msg: pb.Grow, first_id: int) -> GrowMsg:
 
 
 def encode_counts(c, now: float) -> pb.DecidedCounts:
-    """DecidedCounts from acespec.cloud.decided.DecidedCounts (times in microseconds)."""
+    """DecidedCounts from acespec.cloud.verify.decided.DecidedCounts (times in microseconds)."""
     return pb.DecidedCounts(wall_us=round((now - c.opened_at) * 1e6), busy_us=round(c.busy_s * 1e6),
                             drafts_received=c.drafts_received, drafts_scored=c.drafts_scored,
                             drafts_reconciled=c.drafts_reconciled,

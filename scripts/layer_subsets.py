@@ -1,5 +1,5 @@
 """How well does a subset of SmolLM2-135M-Instruct's own layers agree with the whole target,
-untrained? (Issue #21: which start a trained drafter should grow from.)
+untrained? (It tells which layers a trained drafter should start from.)
 
 Teacher-forces chats of the ShareGPT *evaluation* split (measurement only: nothing here
 trains) through the whole target and through the same model with only some decoder layers
@@ -17,8 +17,8 @@ from dataclasses import replace
 
 import torch
 
-from acespec.cloud.loader import load_model
-from acespec.cloud.model import Transformer
+from acespec.cloud.target.loader import load_model
+from acespec.cloud.target.model import Transformer
 from acespec.models import sharegpt
 from acespec.models.smollm2 import assets
 from acespec.models.smollm2.corpus import LlamaBatch

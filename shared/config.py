@@ -18,7 +18,7 @@ class SamplingParams:
     top_k: keep the k most likely tokens; 0 means no limit (the cloud caps it at k_max).
     top_p: keep the smallest set of most likely tokens whose mass reaches top_p; 1 = all.
     coupled: sample by Gumbel-max with noise G(seed, position, token) that edge and cloud
-      compute alike (DESIGN §5): each token is a function of (seed, position, p~), so the
+      compute alike (docs/design.md §5): each token is a function of (seed, position, p~), so the
       verifier decides, and a seed gives cloud-only decoding's text whatever the drafter.
       False ('exact'): rejection sampling at the edge.
     """

@@ -1,4 +1,4 @@
-"""Coupled sampling (DESIGN §5): each position's token is a deterministic function of
+"""Coupled sampling (docs/design.md §5): each position's token is a deterministic function of
 (seed, position, distribution), by Gumbel-max with noise both sides compute identically.
 
 The target's token is y = argmax_i log p~(i) + G(seed, position, i) over p~'s support; the

@@ -75,7 +75,7 @@ class PositionalRng:
 
     def coupled(self, q: np.ndarray) -> int:
         """The coupled draft of q [V] at the next position: argmax log q + G(seed, position)
-        (the verifier uses the same noise; DESIGN §5)."""
+        (the verifier uses the same noise; docs/design.md §5)."""
         from acespec.shared.coupled import coupled_draft
 
         x = coupled_draft(q, self.seed, self.position)

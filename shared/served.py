@@ -1,4 +1,4 @@
-"""The served distribution p~ and its sparse downlink form (DESIGN §5).
+"""The served distribution p~ and its sparse downlink form (docs/design.md §5).
 
 p~ for a node: target logits -> temperature -> top-k (k <= k_max; 0 means k_max) -> softmax
 -> top-p -> quantise to integer units of 2^-16 (largest remainder, sum exactly 65536).

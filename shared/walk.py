@@ -1,4 +1,5 @@
-"""Exact verification of a scored draft tree against sparse served distributions (DESIGN §5).
+"""Exact verification of a scored draft tree against sparse served distributions
+(docs/design.md §5).
 
 At a node n whose next-token distribution p~ has arrived, the next token t is decided:
   * n has a drafted child x (drawn from q): accept with prob min(1, p~(x)/q(x)); on rejection

@@ -1,4 +1,4 @@
-"""Link emulator, discrete-event model and benchmark harness (see DESIGN §7-§8)."""
+"""Link emulator, discrete-event model and benchmark harness (see docs/design.md §7-§8)."""
 
 from acespec.layout import require_subpackage
 

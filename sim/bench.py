@@ -1,4 +1,4 @@
-"""The real-system benchmark (DESIGN §8): verifier, emulated link and edge, every mode on
+"""The real-system benchmark (docs/design.md §8): verifier, emulated link and edge, every mode on
 every prompt through the same link, side by side in one run.
 
 Wire bytes are counted at the link proxy's sockets (HTTP/2 and gRPC framing included).
@@ -123,9 +123,9 @@ async def run_bench(cfg: BenchConfig, model_dir: str, drafter_path: str,
 @contextlib.asynccontextmanager
 async def _verifier_in_process(cfg: BenchConfig, model_dir: str):
     """One verifier in this process for every link; the proxy does all the shaping."""
-    from acespec.cloud.batcher import StepEmulation
-    from acespec.cloud.engine import Limits
-    from acespec.cloud.server import ServerConfig, create_server, load_engine
+    from acespec.cloud.serving.server import ServerConfig, create_server, load_engine
+    from acespec.cloud.verify.batcher import StepEmulation
+    from acespec.cloud.verify.engine import Limits
 
     scfg = ServerConfig(model=model_dir, host="127.0.0.1", port=0,
                         emulation=StepEmulation.parse(cfg.emulate),
@@ -290,7 +290,7 @@ def _record(label, spec, mode, p, stats, stamps, t0, up, down) -> dict:
 def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
     """Per (link, mode): throughput, latency, acceptance, bytes, forwards, ideal-bound ratio
     and speedups over ar and sd measured in the same run."""
-    from acespec.cloud.batcher import StepEmulation
+    from acespec.cloud.verify.batcher import StepEmulation
 
     emu = StepEmulation.parse(cfg.emulate)
     step_s = emu.seconds(cfg.depth + 1) or None

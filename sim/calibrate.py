@@ -38,9 +38,9 @@ def lookup_acceptance(per_lone: float, k: int) -> float:
 def time_target(model_dir: str, emulate: str, sizes=(1, 4, 8, 16, 32)) -> tuple[float, float]:
     """(base s, per-node s) of one verifier pass: the real forward of n chain nodes after a
     64-token prefix, plus the emulated step, fitted by least squares."""
-    from acespec.cloud.batcher import StepEmulation
-    from acespec.cloud.loader import load_model, set_threads
-    from acespec.cloud.packed import select_linear
+    from acespec.cloud.target.loader import load_model, set_threads
+    from acespec.cloud.target.packed import select_linear
+    from acespec.cloud.verify.batcher import StepEmulation
     from acespec.models import DEMO_TARGET
 
     model = load_model(model_dir or DEMO_TARGET)

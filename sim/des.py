@@ -1,4 +1,4 @@
-"""Discrete-event model of the modes in virtual time (DESIGN §7-§8).
+"""Discrete-event model of the modes in virtual time (docs/design.md §7-§8).
 
 Edge: one worker that drafts (draft_s per token) and applies verdicts. Cloud: one target
 that scores whatever Extends have arrived in one pass, T(n) = base + per_node * n. Link: the
@@ -7,18 +7,18 @@ is accepted with probability `accept` (independently), from a seeded Generator. 
 adds recovery branches: a rejection is a cache hit with probability `hit_rate`, and each
 chunk carries `branch_nodes` more nodes. A hit decides the branch's tokens (its
 `branch_depth` drafts, each accepted with `accept`, then one more) without a round trip;
-then, as AceSpec is implemented today, drafting restarts from there like after a miss.
+then, as AceSpec's edge-decided sessions do, drafting restarts from there like after a miss.
 With `hit_continues` the model is the ideal state cache whose branches carry whole
 continuations: a hit loses nothing and the pipeline keeps flowing.
-`acespec` with `decided` is the engine of greedy and coupled sessions (DESIGN §3): the
+`acespec` with `decided` is the engine of greedy and coupled sessions (docs/design.md §3): the
 verifier runs passes back to back and never waits for the link; each feeds the last decided
 token and the live drafts that have arrived, and decides the accepted drafts plus one more
 token (correction, bonus, or continuation with no draft). The edge drafts chunks while its
 chain is shorter than the window and learns each verdict one trip later; drafts that reach
 the verifier for positions it decided meanwhile are compared without a pass.
-`tree` (with `decided`) is the speculation tree of those sessions (DESIGN §6): where a draft
-will be rejected, the edge's chunk carries, with probability `hit_rate`, a guessed branch
-of `branch_depth` drafts; the verifier's walk (or its comparison of late drafts) goes on
+`tree` (with `decided`) is the speculation tree of those sessions (docs/design.md §6):
+where a draft will be rejected, the edge's chunk carries, with probability `hit_rate`, a
+guessed branch of `branch_depth` drafts; the verifier's walk (or its comparison of late drafts) goes on
 into it, and the edge, learning of the hit, keeps drafting after the branch.
 Costs come from `acespec bench calibrate` (measured components) or are given directly.
 """
@@ -242,7 +242,7 @@ class _Decided:
 
 
 class _DecidingVerifier:
-    """The target of a decided session (acespec.cloud.decided): passes back to back from
+    """The target of a decided session (acespec.cloud.verify.decided): passes back to back from
     `free` on, each fed the last decided token plus the live drafts that have arrived."""
 
     def __init__(self, sc: Scenario, c: Costs, down, start: float,

@@ -110,8 +110,8 @@ PROMPTS = ["import os\nimport sys\n", "def main(argv):\n", "class Config:\n    d
 async def run_scenarios(model_dir: str, rounds: int, depth: int, scenarios=SCENARIOS,
                         emulate: str | None = None) -> list[dict]:
     """Start a verifier on loopback and run each (mode, sessions) scenario against it."""
-    from acespec.cloud.batcher import StepEmulation
-    from acespec.cloud.server import ServerConfig, create_server, load_engine
+    from acespec.cloud.serving.server import ServerConfig, create_server, load_engine
+    from acespec.cloud.verify.batcher import StepEmulation
     from acespec.models import DEMO_TARGET
     from acespec.shared.tokenizer import Tokenizer
 

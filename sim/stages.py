@@ -1,4 +1,5 @@
-"""Link emulator stages (DESIGN §7): each maps a chunk's arrival time to its departure time.
+"""Link emulator stages (docs/design.md §7): each maps a chunk's arrival time to its
+departure time.
 
 A chunk carries the time it reaches the stage; a stage returns it with the time it leaves,
 so stages compose by chaining and never double-count delay. All stages keep FIFO order (a

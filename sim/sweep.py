@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from acespec.cloud.proposals import worth_depth
+from acespec.cloud.verify.proposals import worth_depth
 from acespec.sim.des import Costs, Scenario, simulate
 from acespec.sim.stages import LinkSpec
 
@@ -14,7 +14,7 @@ from acespec.sim.stages import LinkSpec
 # decides and never waits); acespec-tree adds the speculation tree's guessed branches
 # (what those sessions run by default); acespec-gap adds the verifier's gap drafter, which
 # proposes in each pass no draft covers as many tokens (up to GAP_PROPOSE) as the verifier's
-# rule finds worth it (acespec.cloud.proposals.worth_depth), accepted like the edge's drafts
+# rule finds worth it (acespec.cloud.verify.proposals.worth_depth), accepted like the edge's drafts
 # and each costing the drafter's own decode time (the edge's, a stand-in for a server's).
 # With lookup_accept > 0, acespec-decided and acespec-tree lone passes score the verifier's
 # prompt-lookup proposals (cloud serve --propose, up to GAP_PROPOSE, free to find), each

@@ -96,8 +96,8 @@ def stdlib_texts(n_files: int = 40) -> list[str]:
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
     """A tiny Llama with a trained 320-token BPE: (tokenizer dir, torch model, {ftype: gguf})."""
-    from acespec.cloud.config import ModelArgs
-    from acespec.cloud.model import Transformer
+    from acespec.cloud.target.config import ModelArgs
+    from acespec.cloud.target.model import Transformer
     from acespec.models.gguf_export import export_gguf
     from acespec.models.tokenizer_train import save_tokenizer, train_bpe
 

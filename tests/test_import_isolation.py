@@ -1,5 +1,6 @@
 """The import rules of the layout: the edge imports without torch and without the cloud; the
-cloud without llama.cpp; shared knows neither side.
+cloud without llama.cpp, and its rooms in order (target, then verify, then serving); shared
+knows neither side; libraries import no command-line module.
 
 Each check runs in a fresh interpreter whose import system refuses the forbidden package,
 then imports every module of the subpackage.
@@ -37,7 +38,12 @@ print(' '.join(mods))
       "acespec.edge.drafting.llama", "acespec.edge.api.app"}),
     ("shared", {"torch", "triton", "llama_cpp", "acespec.edge", "acespec.cloud"},
      {"acespec.shared.walk"}),
-    ("cloud", {"llama_cpp", "acespec.edge"}, {"acespec.cloud.servicer"}),
+    ("cloud", {"llama_cpp", "acespec.edge"}, {"acespec.cloud.serving.servicer"}),
+    # The rooms of the cloud: the model knows no policy or serving; the policy no serving.
+    ("cloud.target", {"llama_cpp", "acespec.edge", "acespec.cloud.verify",
+                      "acespec.cloud.serving", "grpc"}, {"acespec.cloud.target.model"}),
+    ("cloud.verify", {"llama_cpp", "acespec.edge", "acespec.cloud.serving", "grpc"},
+     {"acespec.cloud.verify.engine"}),
 ])
 def test_subpackage_imports_without(sub, blocked, some):
     proc = subprocess.run([sys.executable, "-c", SCRIPT.format(sub=sub, blocked=blocked)],

@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 from dataclasses import replace
 
-from acespec.cloud.engine import Engine
-from acespec.cloud.metrics import Metrics
-from acespec.cloud.server import ServerConfig, create_server
+from acespec.cloud.serving.metrics import Metrics
+from acespec.cloud.serving.server import ServerConfig, create_server
+from acespec.cloud.verify.engine import Engine
 from acespec.edge.client import channel
 
 

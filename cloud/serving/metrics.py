@@ -49,7 +49,7 @@ class Metrics:
         )
 
     def on_proposals(self, source: str, scored: int, accepted: int, gap_s: float) -> None:
-        """One pass's own proposals (acespec.cloud.decided): what was scored and taken."""
+        """One pass's own proposals (acespec.cloud.verify.decided): what was scored and taken."""
         if scored:
             self.proposals.labels(source, "scored").inc(scored)
             self.proposals.labels(source, "accepted").inc(accepted)

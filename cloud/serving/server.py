@@ -12,9 +12,9 @@ from pathlib import Path
 
 import grpc
 
-from acespec.cloud.batcher import StepEmulation
-from acespec.cloud.engine import Engine, Limits
-from acespec.cloud.servicer import VerifierServicer
+from acespec.cloud.serving.servicer import VerifierServicer
+from acespec.cloud.verify.batcher import StepEmulation
+from acespec.cloud.verify.engine import Engine, Limits
 from acespec.proto import acespec_pb2_grpc as pb_grpc
 from acespec.shared.served import ServeParams
 
@@ -52,10 +52,10 @@ class ServeFailed(RuntimeError):
 def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
     """The target loaded (on this process's tensor-parallel rank 0 with its group started,
     under --tp/torchrun) and wrapped in an Engine. on_failure(reason): a rank was lost."""
-    from acespec.cloud.attention import select_kernels
-    from acespec.cloud.loader import load_model, set_threads
-    from acespec.cloud.packed import select_linear
-    from acespec.cloud.tp_launch import topology
+    from acespec.cloud.target.attention import select_kernels
+    from acespec.cloud.target.loader import load_model, set_threads
+    from acespec.cloud.target.packed import select_linear
+    from acespec.cloud.target.tp_launch import topology
     from acespec.models import DEMO_TARGET
     from acespec.shared.tokenizer import Tokenizer
 
@@ -76,7 +76,7 @@ def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
                     cfg.emulation.base_ms, cfg.emulation.per_node_ms)
     gap = None
     if cfg.gap_drafter:
-        from acespec.cloud.gap import GapDrafter
+        from acespec.cloud.verify.gap import GapDrafter
 
         gap = GapDrafter.load(cfg.gap_drafter, vocab_hash, model.args.vocab_size,
                               dtype=cfg.dtype, device=str(model.device), linear=cfg.linear)
@@ -85,7 +85,7 @@ def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
 
 def _load_sharded(cfg: ServerConfig, path: Path, topo, metrics, on_failure):
     """Rank 0 of a group (its ranks spawned here unless torchrun started them)."""
-    from acespec.cloud.tp_launch import check_kernels, start_leader
+    from acespec.cloud.target.tp_launch import check_kernels, start_leader
 
     check_kernels(cfg.kernels, topo.world)
     model = start_leader(path, topo, cfg.dtype, cfg.device, cfg.threads, on_failure,
@@ -160,7 +160,7 @@ def _bind(server: grpc.aio.Server, address: str, creds) -> int:
 
 async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM, then drain: refuse new sessions, give open ones grace_s."""
-    from acespec.cloud.metrics import Metrics
+    from acespec.cloud.serving.metrics import Metrics
 
     _tls_credentials(cfg)  # a bad cert or key fails now, not after loading the model
     metrics = Metrics.create()

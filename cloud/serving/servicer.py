@@ -11,7 +11,6 @@ import time
 import grpc
 from google.protobuf.message import DecodeError
 
-from acespec.cloud.engine import Engine
 from acespec.cloud.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -19,6 +18,7 @@ from acespec.cloud.errors import (
     SessionError,
     Unauthenticated,
 )
+from acespec.cloud.verify.engine import Engine
 from acespec.proto import acespec_pb2 as pb
 from acespec.proto import acespec_pb2_grpc as pb_grpc
 from acespec.proto.codec import (
@@ -219,7 +219,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         return session
 
     async def _decided_loop(self, session, context) -> None:
-        """The verifier decides (DESIGN §3): pass after pass, never waiting for the link;
+        """The verifier decides (docs/design.md §3): pass after pass, never waiting for the link;
         Drafts that arrived meanwhile are applied before each pass. Ends when the session
         is done (its last Decided carries the counts) or the edge half-closes."""
         inbox: asyncio.Queue = asyncio.Queue(INBOX)

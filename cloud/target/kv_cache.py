@@ -5,9 +5,9 @@ children). The attention pattern is encoded cheaply: slots [0, n_linear) are a c
 (slot i's parent is i-1) and every node sees the chain up to its deepest chain ancestor
 (`cutoff`), plus an explicit set of its ancestors among the tree slots beyond the chain.
 
-Storage is paged (DESIGN §9): every sequence of a model takes fixed-size blocks from one
-`PagePool` ([blocks, block_size, kv_heads, head_dim] per layer) and keeps a block table, so
-one kernel launch can attend over many sessions' caches; blocks return to the pool when a
+Storage is paged (docs/design.md §9, §11): every sequence of a model takes fixed-size
+blocks from one `PagePool` ([blocks, block_size, kv_heads, head_dim] per layer) and keeps a
+block table, so one kernel launch can attend over many sessions' caches; blocks return to the pool when a
 sequence shrinks (commit) or is dropped.
 """
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from acespec.cloud.config import ModelArgs
-from acespec.cloud.model import Transformer
+from acespec.cloud.target.config import ModelArgs
+from acespec.cloud.target.model import Transformer
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -32,8 +32,8 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "float32",
                device: str | torch.device = "cpu", rank: int = 0, world: int = 1
                ) -> Transformer:
     """Build the model described by `path/config.json` and load its safetensors weights;
-    with world > 1, only tensor-parallel rank `rank`'s shard (acespec.cloud.sharding)."""
-    from acespec.cloud.sharding import read_shard, shard_args
+    with world > 1, only tensor-parallel rank `rank`'s shard (acespec.cloud.target.sharding)."""
+    from acespec.cloud.target.sharding import read_shard, shard_args
 
     path = Path(path)
     full = ModelArgs.from_dir(path)
@@ -65,9 +65,9 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "float32",
 
 def set_threads(model, threads: int = 0, share: int = 1) -> None:
     """Small models run fastest on one CPU thread; more threads only add synchronisation,
-    which turns into long stalls on a busy machine (measured: a 25 ms step took 25-150 ms
-    with 2 threads beside another busy process, a steady 25 ms with 1). share: processes
-    on this machine dividing its cores (tensor-parallel ranks)."""
+    which turns into long, erratic stalls when another process keeps a core busy, while one
+    thread keeps the step time steady. share: processes on this machine dividing its cores
+    (tensor-parallel ranks)."""
     if model.device.type != "cpu":
         return
     if threads <= 0:

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from acespec.cloud.config import ModelArgs
-from acespec.cloud.kv_cache import KVCache, PagePool, SeqPass
+from acespec.cloud.target.config import ModelArgs
+from acespec.cloud.target.kv_cache import KVCache, PagePool, SeqPass
 
 
 @dataclass
@@ -115,7 +115,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 pool: PagePool, seqs: Sequence[SeqPass], tree=None) -> torch.Tensor:
         """x [N, d] for all new nodes of all sequences, in order. tree: the batch's
-        paged-attention arguments (acespec.cloud.attention) for the Triton path, else None.
+        paged-attention arguments (acespec.cloud.target.attention) for the Triton path, else None.
         Under tensor parallelism the result is this rank's partial sum."""
         q, k, v = self._qkv(x, rope)
         offset = 0
@@ -189,7 +189,7 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.kernels = "torch"  # attention path: "torch" (reference) or "triton"
         self._pool: PagePool | None = None
-        # Tensor parallelism (acespec.cloud.tensor_parallel): rank 0's leader, which sends
+        # Tensor parallelism (acespec.cloud.target.tensor_parallel): rank 0's leader, which sends
         # every pass to the other ranks first; None on one device.
         self.tp = None
 
@@ -259,7 +259,7 @@ class Transformer(nn.Module):
             [r.cache.seq_pass(p, len(r.tokens), r.last_only) for r, p in zip(reqs, plans)])
         tree = None
         if self.kernels == "triton":
-            from acespec.cloud.attention import TreeBatch
+            from acespec.cloud.target.attention import TreeBatch
 
             tree = TreeBatch.build(reqs, plans, self.args)
         if self.tp is None:

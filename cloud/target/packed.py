@@ -1,13 +1,12 @@
 """Linear layers with their weights prepacked for oneDNN: a CPU pass whose cost is flat in rows.
 
 On a CPU, `F.linear` goes to MKL's sgemm, which packs the weight matrix on every call when
-the input has few rows: SmolLM2-135M's 49k-row head took 11 ms for 1 row, 25 ms for 2 and
-more for 3 on the project's CPU, so a pass that scores one draft beside its own token cost
-~1.6x a lone pass (docs/benchmarks.md §0f). oneDNN's linear with the weight reordered once,
-at load time, into its blocked layout streams the weight once per call whatever the rows:
-the same head took ~15 ms for 1 to 8 rows. This is the prepacking torch's own Inductor does
-on the CPU (`torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`), applied to
-the verifier at load time. The result differs from `F.linear`'s in float32 rounding only
+the input has few rows, so a pass of 2-3 tokens (one draft beside the pass's own token)
+costs far more than a lone pass of 1. oneDNN's linear with the weight reordered once, at
+load time, into its blocked layout streams the weight once per call whatever the rows, so a
+pass costs about the same for 1 to 8 tokens (figures in docs/benchmarks.md §5). This is
+the prepacking torch's own Inductor does on the CPU (`torch.ops.mkldnn._reorder_linear_weight`
+/ `_linear_pointwise`), applied to the verifier at load time. The result differs from `F.linear`'s in float32 rounding only
 (reduction order), and both `ar` and the speculative modes run through it.
 
 Inference only: a packed weight has no gradient; the training paths load their own model.

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from acespec.cloud.config import ModelArgs
+from acespec.cloud.target.config import ModelArgs
 
 COLUMN = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias", "k_proj.bias",
           "v_proj.bias", "gate_proj.weight", "up_proj.weight", "gate_proj.bias", "up_proj.bias")

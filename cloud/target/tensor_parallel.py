@@ -1,5 +1,5 @@
 """Tensor parallelism on torch.distributed: rank 0 serves and schedules, every rank runs
-the same pass on its shard (acespec.cloud.sharding).
+the same pass on its shard (acespec.cloud.target.sharding).
 
 Rank 0 plans each pass as usual (sessions, caches, block tables are its alone) and sends
 the plan (`Pass`: ids, positions, and per sequence its pool rows and mask) to the other
@@ -153,7 +153,7 @@ class Leader:
 
     def stop(self) -> None:
         """Tell the other ranks to exit, wait for the ones this process started."""
-        from acespec.cloud.tp_launch import reap
+        from acespec.cloud.target.tp_launch import reap
 
         self._stop.set()
         with self._lock:
@@ -245,8 +245,8 @@ def portable(step, device: torch.device | str = "cpu"):
     """A copy of a Pass whose tensors own just their data, on `device` (a slice of a
     cache's row table would otherwise pickle the whole table, and a CUDA tensor would
     unpickle on rank 0's GPU)."""
-    from acespec.cloud.kv_cache import SeqPass
-    from acespec.cloud.model import Pass
+    from acespec.cloud.target.kv_cache import SeqPass
+    from acespec.cloud.target.model import Pass
 
     def own(t: torch.Tensor) -> torch.Tensor:
         return t.to(device, copy=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from acespec.cloud.tensor_parallel import Topology, exchange, follow, init_group
+from acespec.cloud.target.tensor_parallel import Topology, exchange, follow, init_group
 from acespec.procs import free_port, python_module
 
 log = logging.getLogger(__name__)
@@ -75,9 +75,9 @@ def load_rank(path: str | Path, dtype: str, device: str, threads: int, topo: Top
     """Join the group, load this rank's shard (its linears as `--linear` says), and check
     the ranks agree: the model, or ValueError naming the rank that failed or differs
     (raised on every rank)."""
-    from acespec.cloud.loader import checkpoint_files, load_model, set_threads
-    from acespec.cloud.packed import select_linear
-    from acespec.cloud.sharding import fingerprint
+    from acespec.cloud.target.loader import checkpoint_files, load_model, set_threads
+    from acespec.cloud.target.packed import select_linear
+    from acespec.cloud.target.sharding import fingerprint
 
     init_group(topo, device)
     model, mine = None, ""
@@ -112,7 +112,7 @@ def start_leader(path: str | Path, topo: Topology, dtype: str, device: str, thre
     """Rank 0 of a group: start ranks 1..N-1 here unless torchrun did (topo from the
     environment), load this rank's shard and lead the others. The sharded model; the
     ranks this process started are reaped if loading fails."""
-    from acespec.cloud.tensor_parallel import Leader
+    from acespec.cloud.target.tensor_parallel import Leader
 
     children = []
     if Topology.from_env() is None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from acespec.cloud.errors import Unavailable
-from acespec.cloud.model import Request, Transformer
+from acespec.cloud.target.model import Request, Transformer
 
 log = logging.getLogger(__name__)
 

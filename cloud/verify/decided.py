@@ -1,4 +1,4 @@
-"""Sessions the verifier decides: greedy and coupled sampling (DESIGN §3, §5).
+"""Sessions the verifier decides: greedy and coupled sampling (docs/design.md §3, §5).
 
 In these sessions every verdict is a deterministic function of (seed, position, p~), so the
 verifier needs no edge to decide: after each pass it walks what it scored, keeps the
@@ -9,7 +9,7 @@ drafts again, the verifier keeps decoding, and the edge's late drafts are reconc
 what was decided meanwhile (compared, not scored).
 
 The edge's uplink is a speculation tree (`Grow`: nodes with parents, rooted in the decided
-text; DESIGN §6) or, from an older edge, one chain (`Drafts(position, behind, tokens)`:
+text; docs/design.md §6) or, from an older edge, one chain (`Drafts(position, behind, tokens)`:
 "my text is your decided tokens up to position - behind, then the drafts I sent before up
 to `position`, then `tokens`", kept here as a chain of tree nodes). Each node is pending
 (beyond the decided end, on a path that agrees with the decided text), matched (its
@@ -120,7 +120,7 @@ class DecidedSession:
         self.walked: list[int] = []  # pass indices of the nodes the last walk accepted
         self._lone = False  # the pass in flight had no edge draft at the decided end
         self.proposal_room = 0  # proposals the planned (lone) pass still has room for
-        self.gap = None  # the gap drafter's state for this session (acespec.cloud.gap), if any
+        self.gap = None  # the gap drafter's state for this session (acespec.cloud.verify.gap), if any
         self.acked, self.acked_at = 0, 0.0  # uplink messages applied; the last one's arrival
 
     @property

@@ -14,18 +14,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from acespec.cloud.batcher import Batcher, StepEmulation
-from acespec.cloud.decided import DecidedSession, DecideLimits, decide
 from acespec.cloud.errors import (
     FailedPrecondition,
     InvalidArgument,
     OutOfRange,
     ResourceExhausted,
 )
-from acespec.cloud.gap import GapDrafter
-from acespec.cloud.model import Request, Transformer
-from acespec.cloud.proposals import Depth
-from acespec.cloud.session import TreeSession
+from acespec.cloud.target.model import Request, Transformer
+from acespec.cloud.verify.batcher import Batcher, StepEmulation
+from acespec.cloud.verify.decided import DecidedSession, DecideLimits, decide
+from acespec.cloud.verify.gap import GapDrafter
+from acespec.cloud.verify.proposals import Depth
+from acespec.cloud.verify.session import TreeSession
 from acespec.proto import PROTOCOL_VERSION
 from acespec.shared.served import NodeScore, ServeParams
 
@@ -45,7 +45,7 @@ class Limits:
     max_tail_per_node: int = 4096  # tail samples (Scores + MoreTail) per node
     propose: int = 8  # decided sessions: the most of the verifier's own proposals in a pass
     # no draft covers (prompt lookup over the session's text, or a gap drafter; as many as
-    # pay, acespec.cloud.proposals; 0: none)
+    # pay, acespec.cloud.verify.proposals; 0: none)
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Engine:
     model_id: str
     limits: Limits = field(default_factory=Limits)
     emulation: StepEmulation = field(default_factory=StepEmulation)
-    metrics: object | None = None  # acespec.cloud.metrics.Metrics
+    metrics: object | None = None  # acespec.cloud.serving.metrics.Metrics
     gap: GapDrafter | None = None  # proposes in decided sessions' lone passes (cloud.gap)
 
     def __post_init__(self) -> None:

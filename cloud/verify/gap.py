@@ -1,7 +1,7 @@
 """The verifier's gap drafter: an operator's small drafter on the cloud side (torch, no
 llama.cpp) that fills the passes no edge draft covers.
 
-In a decided session the verifier never waits for the link (DESIGN §3). After a miss, the
+In a decided session the verifier never waits for the link (docs/design.md §3). After a miss, the
 edge learns of it a round trip later, so the verifier decides a few passes alone ("lone
 passes", one token each with nothing to score). Prompt lookup fills some of them where the
 text repeats itself; a gap drafter proposes the next `--propose` tokens from the session's
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from acespec.cloud.kv_cache import KVCache
-from acespec.cloud.model import Transformer
+from acespec.cloud.target.kv_cache import KVCache
+from acespec.cloud.target.model import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,8 @@ class GapDrafter:
         """The drafter at `path` (a .gguf file or an HF checkpoint folder), its linears as
         the target's (`--linear`). Raises ValueError unless it has the target's tokenizer
         (vocab_hash) and vocabulary size."""
-        from acespec.cloud.loader import load_model
-        from acespec.cloud.packed import select_linear
+        from acespec.cloud.target.loader import load_model
+        from acespec.cloud.target.packed import select_linear
         from acespec.shared.tokenizer import Tokenizer
 
         path = Path(path)

@@ -1,4 +1,4 @@
-"""How many of its own proposals the verifier scores in a lone pass (DESIGN §5).
+"""How many of its own proposals the verifier scores in a lone pass (docs/design.md §3).
 
 A lone pass (no edge draft at the decided end) decides one token and, where the verifier's
 proposals (prompt lookup, or a gap drafter) agree with it, one more per proposal it walks.
@@ -13,10 +13,11 @@ rates), over what a pass of that size costs. Both sides are measured here, over 
 - `PassCost`: the pass's seconds by its input tokens: the median of the recent passes of
   that size where there are enough of them, else a least-squares line over all recent
   passes. A line alone misreads a step: on a CPU whose matrix library has a slow path for
-  2-3 rows (MKL's `F.linear` on this project's AMD test machine: 66 ms for 1 token, 107 ms
-  for 2, 95 for 4) the line's slope is a few ms, while the first proposal costs 40 ms. The
-  verifier's default oneDNN-prepacked linears (acespec.cloud.packed) make that pass nearly
-  flat up to 8 tokens; the per-size reading follows whichever the machine has.
+  2-3 rows (MKL's `F.linear`; figures in docs/benchmarks.md §5) a pass of 2 tokens costs
+  far more than a pass of 1 while the line's slope stays small, so the line undercharges the
+  first proposal. The verifier's default oneDNN-prepacked linears
+  (acespec.cloud.target.packed) make that pass nearly flat up to 8 tokens; the per-size
+  reading follows whichever the machine has.
 
 Verdicts never depend on the proposals, so none of this changes any output: it only trades
 nodes against passes.

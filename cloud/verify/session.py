@@ -1,4 +1,4 @@
-"""One edge session: a trie of token nodes over the target's tree KV cache (DESIGN §3).
+"""One edge session: a trie of token nodes over the target's tree KV cache (docs/design.md §3).
 
 Node 0 is the root (the last prompt token); new nodes get consecutive ids. The session
 scores nodes (served distribution p~ of the next token, sparse) and never decides: the edge
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from acespec.cloud.errors import InvalidArgument, NotFound, OutOfRange, ResourceExhausted
-from acespec.cloud.model import Request, Transformer
+from acespec.cloud.target.model import Request, Transformer
 from acespec.shared.served import (
     NodeScore,
     ServedDist,

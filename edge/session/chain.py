@@ -1,4 +1,4 @@
-"""The chain driver: a decided session over `Drafts`/`Decided` (DESIGN §3).
+"""The chain driver: a decided session over `Drafts`/`Decided` (docs/design.md §3).
 
 The edge drafts ahead of the decided text and streams its chain up as `Drafts`; the
 verifier scores, decides and keeps decoding on its own. Each decided token is compared with

@@ -30,7 +30,7 @@ class EngineConfig:
     connect_timeout_s: float = 3.0  # give up this soon when no session ever opened
     cache: CacheConfig = field(default_factory=CacheConfig)  # acespec mode only
     grow_tree: bool = True  # decided sessions: a speculation tree (Grow) where the verifier
-    # takes it; False: one chain (Drafts), as before the state cache grew trees
+    # takes it; False: one drafted chain (Drafts), as `--no-tree` and `acespec-chain` ask
     verifier_decides: bool = True  # acespec, greedy/coupled: the verifier decides (Drafts/
     # Decided); False keeps the tree protocol with the state cache's branches
     adaptive: bool = False  # depth/window follow the link (acespec.edge.speculation.adaptive); start at depth/window

@@ -1,4 +1,4 @@
-"""What the two decided drivers share (greedy and coupled acespec; DESIGN §3).
+"""What the two decided drivers share (greedy and coupled acespec; docs/design.md §3).
 
 The verifier decides every token, keeps decoding on its own through every round trip and
 streams `Decided` tokens down; the edge streams drafts up (a chain: acespec.edge.session.chain;

@@ -1,5 +1,5 @@
 """The exact driver: the edge decides over `Extend`/`Scores` (modes sd, pipeline, and
-acespec where the verifier does not decide; DESIGN §3, §6).
+acespec where the verifier does not decide; docs/design.md §3, §6).
 
 The verifier scores the nodes it is sent and returns p~ at each; the edge walks the scored
 tree with `acespec.shared.walk` (randomness a function of seed and position), commits what

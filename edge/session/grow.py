@@ -1,6 +1,6 @@
-"""The edge's side of a decided session with a speculation tree (Grow; DESIGN §6).
+"""The edge's side of a decided session with a speculation tree (Grow; docs/design.md §6).
 
-The verifier decides every token and never waits for the link (acespec.cloud.decided); the
+The verifier decides every token and never waits for the link (acespec.cloud.verify.decided); the
 edge grows a tree of likely continuations beside the decided text (acespec.edge.speculation.grow_tree)
 and streams its new nodes up: the drafted line, guessed recovery tokens at the positions
 where a rejection is likely, and continuations of both. Each decided token re-roots the
@@ -38,7 +38,7 @@ NODE_PASS_S = 5e-4  # what one more node adds to a verifier pass (the 40,0.5 pro
 NODE_BYTES = 8.0  # uplink bytes one node costs, its share of the message framing included
 MESSAGE_BYTES = 54.0  # gRPC and HTTP/2 framing of one uplink message
 # A guessed child that hits saves what a miss costs: the passes the verifier decides alone
-# until the edge's new drafts arrive (measured at 50 kbit/s, 50 ms: 2.0-2.3 per rejection).
+# until the edge's new drafts arrive (about two at 50 kbit/s, 50 ms; docs/benchmarks.md §3).
 MISS_PASSES = 2.0
 BRANCH_SHARE = 0.5  # guessed branches may hold this share of the window
 SLOW_LINK_BPS = 50e3  # assumed until the link is measured: the slow case we design for

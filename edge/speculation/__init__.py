@@ -1,5 +1,5 @@
-"""The probabilistic state cache (DESIGN §6): speculation trees and the math that sizes them,
-as pure functions and plain data (no sockets, no drafter):
+"""The probabilistic state cache (docs/design.md §6): speculation trees and the math that
+sizes them, as pure functions and plain data (no sockets, no drafter):
 
     exact_tree.py   SpecTree: the nodes an exact session sent, with their scores (the walk's input)
     grow_tree.py    GrowTree: a decided session's tree of likely continuations, re-rooted by

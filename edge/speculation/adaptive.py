@@ -1,4 +1,4 @@
-"""Adaptive draft depth and window, and link-derived state-cache budgets (DESIGN §6).
+"""Adaptive draft depth and window, and link-derived state-cache budgets (docs/design.md §6).
 
 `LinkEstimate` follows what the edge can see of the link: each Extend's round trip (sent ->
 its Scores), the verifier's own time in it (each Scores carries it: queue + pass), and the
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-UP_PER_NODE = 3.0  # uplink bytes per node: token id varint + parent index (measured ~2-4)
+UP_PER_NODE = 3.0  # uplink bytes per node: token id varint + parent index (docs/design.md §4)
 DOWN_PER_NODE = 6.0  # downlink bytes per node (greedy ~2; sampled 6-40 with the sparse p~)
 PER_MESSAGE = 30.0  # gRPC + HTTP/2 framing + field overhead per message, each way
 FITS = 7  # the bandwidth is the median of the link fits after this many recent exchanges

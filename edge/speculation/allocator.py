@@ -1,4 +1,5 @@
-"""Lagrangian sizing of the state cache (DESIGN §6): which branches to pre-build and upload.
+"""Lagrangian sizing of the state cache (docs/design.md §6): which branches to pre-build
+and upload.
 
 Each candidate b is a tree node (a branch's first token, or a draft below it) with a value
 v_b >= 0 (expected seconds saved) and costs c_b in K budgets (edge KV bytes, draft time, uplink

@@ -1,4 +1,4 @@
-"""The speculation tree of a decided session (the state cache, DESIGN §6).
+"""The speculation tree of a decided session (the state cache, docs/design.md §6).
 
 The edge keeps one tree per session, rooted at its committed text: the drafted line and the
 guessed recovery branches alike are leaves that can grow. A node's value is the probability
@@ -53,7 +53,7 @@ class GNode:
 
 @dataclass(frozen=True)
 class GrowBudget:
-    """What one growth step may add (DESIGN §6's budgets, per step)."""
+    """What one growth step may add (the budgets of docs/design.md §6, per step)."""
 
     nodes: int  # verifier nodes still free in the window
     kv_bytes: float  # edge drafter KV still free for new cells

@@ -1,8 +1,8 @@
 """The torch target answering many chats side by side: the answer stage's fast path.
 
-llama.cpp decodes the build's answers one token per sequence per call (about 50 tokens/s on
-one core of this CPU, prompts included). The torch target in bfloat16, where the CPU has
-native bfloat16 (or on CUDA), decodes 64 chats per step through one matmul per weight, with a
+llama.cpp decodes the build's answers one token per sequence per call, so each call streams
+every weight for a single token. The torch target in bfloat16, where the CPU has native
+bfloat16 (or on CUDA), decodes 64 chats per step through one matmul per weight, with a
 plain contiguous KV cache per chat: several times the throughput for the same answers.
 
 `TorchBatch` has the interface `corpus.generate_corpus` drives (`chat_template`, `tokenize`,
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from acespec.cloud.loader import load_model
+from acespec.cloud.target.loader import load_model
 from acespec.models.smollm2.corpus import _sample
 from acespec.models.smollm2.teacher import fast_dtype, topk_rows
 

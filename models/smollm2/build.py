@@ -177,7 +177,7 @@ def build_scored(target_dir: Path, target_gguf: Path, work: Path, preset: ExitPr
 
 
 def train_drafter(target_dir: Path, work: Path, preset: ExitPreset, seed: int):
-    """The drafter (acespec.cloud.model.Transformer), trained or resumed from work/; a
+    """The drafter (acespec.cloud.target.model.Transformer), trained or resumed from work/; a
     preset grown from another starts from that one's trained drafter (trained first if its
     checkpoint is missing)."""
     import torch

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from acespec.cloud.loader import load_model
-from acespec.cloud.model import Transformer
+from acespec.cloud.target.loader import load_model
+from acespec.cloud.target.model import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def start_from_gguf(model: Transformer, path: Path) -> None:
 def _match_logit_scale(full: Transformer, cut: Transformer, n: int = 256, seed: int = 0) -> None:
     """Scale the cut model's final norm so its logits spread as the target's do: the norm
     was tuned for the last layer's output, and after the first few layers it gives logits
-    about twice as wide (measured: std 7.7 against 3.7), a confidently wrong start."""
+    about twice as wide (in standard deviation), a confidently wrong start."""
     x = torch.randint(100, full.args.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
     ratio = full.causal_logits(x).std() / cut.causal_logits(x).std()
     cut.model.norm.weight.mul_(ratio)

@@ -1,4 +1,4 @@
-"""The verifier-decided session (acespec.cloud.decided) on a toy target whose next token is
+"""The verifier-decided session (acespec.cloud.verify.decided) on a toy target whose next token is
 a known function of the context: the walk after a pass, continuation with no drafts, and
 reconciliation of drafts that arrive after the verifier decided past their position."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from acespec.cloud.decided import DecidedSession, DecideLimits, decide
 from acespec.cloud.errors import InvalidArgument
+from acespec.cloud.verify.decided import DecidedSession, DecideLimits, decide
 from acespec.shared.config import SamplingParams
 from acespec.shared.served import ServeParams
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from acespec.cloud.decided import HORIZON, ROOT, DecideLimits
 from acespec.cloud.errors import ResourceExhausted
+from acespec.cloud.verify.decided import HORIZON, ROOT, DecideLimits
 
 from test_decided import run_pass, session, target, truth
 

@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import pytest
 
-from acespec.cloud.decided import ROOT, DecidedSession, DecideLimits
+from acespec.cloud.verify.decided import ROOT, DecidedSession, DecideLimits
 from acespec.shared.config import SamplingParams
 from acespec.shared.served import ServeParams
 

@@ -1,4 +1,4 @@
-"""The verifier-decided session over the edge's speculation tree (Grow; DESIGN §6): a pass
+"""The verifier-decided session over the edge's speculation tree (Grow; docs/design.md §6): a pass
 feeds the pending tree and the walk follows whichever child it decides, so a guessed
 recovery branch that was already sent continues with no round trip; dead subtrees are never
 scored; every node is accounted once."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from acespec.cloud.decided import PENDING, ROOT, DecidedSession, DecideLimits
 from acespec.cloud.errors import InvalidArgument
+from acespec.cloud.verify.decided import PENDING, ROOT, DecidedSession, DecideLimits
 from acespec.shared.served import ServeParams
 
 from test_decided import V, target, truth  # the same toy target

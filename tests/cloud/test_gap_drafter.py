@@ -1,4 +1,4 @@
-"""The verifier's gap drafter (acespec.cloud.gap): a GGUF drafter dequantized for torch that
+"""The verifier's gap drafter (acespec.cloud.verify.gap): a GGUF drafter dequantized for torch that
 proposes in lone passes. Its greedy proposals are the model's own greedy tokens, whatever the
 session's cache held before; a drafter with another tokenizer is refused naming both; and
 proposals, right or wrong, never change the decided text (greedy and coupled)."""
@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from test_decided_proposals import COUPLED, GREEDY, V, _decode, hashed, periodic  # noqa: E402
 
-from acespec.cloud.gap import GapDrafter  # noqa: E402
+from acespec.cloud.verify.gap import GapDrafter  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 
 from conftest import plain_greedy  # noqa: E402
@@ -96,8 +96,8 @@ def test_gap_proposals_never_change_the_decided_text(params, logits):
 
 def test_an_engine_session_proposes_with_the_gap_drafter_only_when_asked(gap, tiny_pair):
     """Engine.open_decided(gap=...) gives the session the drafter's state or none; with
-    none, a lone pass is left to prompt lookup (DecideLimits.propose as before)."""
-    from acespec.cloud.engine import Engine, Limits
+    none, a lone pass is left to prompt lookup (up to DecideLimits.propose tokens)."""
+    from acespec.cloud.verify.engine import Engine, Limits
 
     from verifier_harness import run
 
@@ -125,8 +125,9 @@ def test_a_drafter_that_has_spent_more_than_it_earned_is_asked_rarely(gap, tiny_
     """A ledger deep in the red (100 s spent, nothing earned) stays there over a session:
     the drafter is asked in one lone pass of EXPLORE, prompt lookup proposes in the others,
     and the text is the target's greedy text either way."""
-    from acespec.cloud.engine import Engine, Limits
-    from acespec.cloud.gap import EXPLORE, WARMUP, Ledger
+    from acespec.cloud.verify.engine import Engine, Limits
+    from acespec.cloud.verify.gap import EXPLORE, WARMUP, Ledger
+    from acespec.cloud.verify.proposals import PassCost
 
     from verifier_harness import run
 
@@ -137,10 +138,18 @@ def test_a_drafter_that_has_spent_more_than_it_earned_is_asked_rarely(gap, tiny_
     async def go():
         eng = Engine(model, Tokenizer.load(tok_dir).vocab_hash(), "t", Limits(propose=1),
                      gap=gap)
+        eng.depth.cost = FlatCost()  # one proposal always pays: only the ledger decides
         _, s, _ = await eng.open_decided(prompt, GREEDY, 0, 60, [])
         while not s.done:
             await eng.decided_pass(s)
         return s
+
+    class FlatCost(PassCost):
+        """Every pass costs the same, so a busy machine's timings cannot make a proposal
+        look not worth its pass (the depth would then skip the ledger's turn)."""
+
+        def seconds(self, tokens: int) -> float:
+            return 0.01
 
     s = run(go())
     assert s.tokens == prompt + plain_greedy(model, prompt, 60)
@@ -150,7 +159,7 @@ def test_a_drafter_that_has_spent_more_than_it_earned_is_asked_rarely(gap, tiny_
 
 
 def test_the_ledger_asks_while_earned_covers_spent():
-    from acespec.cloud.gap import DECAY, EXPLORE, WARMUP, Ledger
+    from acespec.cloud.verify.gap import DECAY, EXPLORE, WARMUP, Ledger
 
     book = Ledger()
     for _ in range(WARMUP):  # warm-up: asked whatever it costs
@@ -168,7 +177,7 @@ def test_the_ledger_asks_while_earned_covers_spent():
 
 
 def test_lookups_counterfactual_is_its_prefix_agreeing_with_what_was_decided():
-    from acespec.cloud.engine import _agreeing
+    from acespec.cloud.verify.engine import _agreeing
 
     assert _agreeing([4, 5, 6], [4, 5, 9]) == 2
     assert _agreeing([4, 5], [4, 5, 6]) == 2
@@ -184,7 +193,7 @@ def test_coupled_sessions_get_the_drafters_coupled_picks(gap, tiny_pair):
     the session decides with no proposals at all. (Not every one: the copy proposes one
     token per forward, the target scores several per pass, and float32 sums in another
     order can flip a near tie of the Gumbel-max; CI saw 16 of 18.)"""
-    from acespec.cloud.engine import Engine, Limits
+    from acespec.cloud.verify.engine import Engine, Limits
 
     from verifier_harness import run
 

@@ -1,4 +1,4 @@
-"""The verifier's oneDNN-prepacked linears (acespec.cloud.packed) against torch's F.linear and
+"""The verifier's oneDNN-prepacked linears (acespec.cloud.target.packed) against torch's F.linear and
 against `transformers`, and `--linear` as a user passes it to `acespec cloud serve`.
 
 Tolerance: float32 within 2e-4 absolute, as the target model's own tests (observed ~1e-5:
@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from acespec.cloud.loader import load_model  # noqa: E402
-from acespec.cloud.packed import PackedLinear, available, pack_linears, select_linear  # noqa: E402
+from acespec.cloud.target.loader import load_model  # noqa: E402
+from acespec.cloud.target.packed import PackedLinear, available, pack_linears, select_linear  # noqa: E402
 
 ATOL = 2e-4
 CPU = torch.device("cpu")
@@ -103,7 +103,8 @@ def test_cloud_serve_linear_flag_from_the_shell():
     import grpc
 
     from acespec.proto import acespec_pb2, acespec_pb2_grpc
-    from tests.cli_harness import verifier
+
+    from cli_harness import verifier
 
     texts = {}
     for choice in ("onednn", "torch"):
@@ -123,7 +124,7 @@ def test_cloud_serve_linear_flag_from_the_shell():
 def test_auto_keeps_torch_where_onednn_fails(hf_pair, monkeypatch, caplog):
     """A build whose packed linear raises (an untested platform) runs F.linear under auto,
     and `--linear onednn` says why it cannot."""
-    from acespec.cloud import packed
+    from acespec.cloud.target import packed
 
     def broken(self, x):
         raise RuntimeError("no oneDNN kernel for this CPU")

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from acespec.cloud.kv_cache import KVCache, PagePool  # noqa: E402
+from acespec.cloud.target.kv_cache import KVCache, PagePool  # noqa: E402
 
 
 def test_sequences_share_blocks_and_give_them_back():

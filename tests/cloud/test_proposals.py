@@ -1,4 +1,4 @@
-"""How many proposals a lone pass scores (acespec.cloud.proposals): the pass-cost line, the
+"""How many proposals a lone pass scores (acespec.cloud.verify.proposals): the pass-cost line, the
 conditional acceptance by order and depth, and the real engine scoring fewer proposals
 where a node costs more, with the text unchanged."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from acespec.cloud.proposals import EXPLORE, ORDERS, SIZE_SEEN, Depth, PassCost, worth_depth
+from acespec.cloud.verify.proposals import EXPLORE, ORDERS, SIZE_SEEN, Depth, PassCost, worth_depth
 from acespec.shared.served import ServeParams
 from acespec.shared.tokenizer import Tokenizer
 
@@ -45,9 +45,10 @@ def test_passes_of_one_size_read_no_node_cost():
 
 
 def test_a_size_timed_often_enough_reads_its_own_median():
-    """Passes of 1, 2 and 4 tokens costing 66, 107 and 95 ms (this CPU's float32 SmolLM2 pass,
-    MKL's slow 2-row path), 4 of each: each size reads its median, while a size never timed
-    (3) reads the line through them all, which is far from the step at 2."""
+    """Passes of 1, 2 and 4 tokens costing 66, 107 and 95 ms (a float32 SmolLM2 pass on MKL's
+    slow 2-row path, as in docs/benchmarks.md §5), 4 of each: each size reads its median,
+    while a size never timed (3) reads the line through them all, which is far from the step
+    at 2."""
     cost = PassCost()
     for i in range(4):
         for n, ms in ((1, 66), (2, 107), (4, 95)):
@@ -116,9 +117,9 @@ def test_the_engine_scores_fewer_proposals_where_a_node_costs_more():
     two step profiles: 40 ms + 0.5 ms per node, and 10 ms + 6 ms per node. Its proposals per
     lone pass fall where a node costs more; the text is the target's greedy text in both and
     with no proposals at all (propose 0)."""
-    from acespec.cloud.batcher import StepEmulation
-    from acespec.cloud.engine import Engine, Limits
-    from acespec.cloud.loader import load_model
+    from acespec.cloud.target.loader import load_model
+    from acespec.cloud.verify.batcher import StepEmulation
+    from acespec.cloud.verify.engine import Engine, Limits
     from acespec.models import DEMO_TARGET
 
     from verifier_harness import run

@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from acespec.cloud.config import ModelArgs, UnsupportedModel  # noqa: E402
-from acespec.cloud.kv_cache import ROOT, TreeError  # noqa: E402
-from acespec.cloud.loader import load_model  # noqa: E402
+from acespec.cloud.target.config import ModelArgs, UnsupportedModel  # noqa: E402
+from acespec.cloud.target.kv_cache import ROOT, TreeError  # noqa: E402
+from acespec.cloud.target.loader import load_model  # noqa: E402
 
 ATOL = 2e-4
 SEQ = [5, 17, 3, 88, 42, 42, 7, 1, 60, 33, 21, 9, 70, 2, 11, 64, 50, 13]
@@ -107,7 +107,7 @@ def test_retain_keeps_subtree_below_commit(hf_pair):
 
 
 def test_batched_requests_equal_separate(hf_pair):
-    from acespec.cloud.model import Request
+    from acespec.cloud.target.model import Request
 
     _, _, path = hf_pair
     ours = load_model(path)

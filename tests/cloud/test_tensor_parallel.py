@@ -10,7 +10,7 @@ verifier's own proposals, greedy and coupled.
 
 Tolerance: float32 logits within 1e-4 of the largest logit's magnitude, the same argmax
 everywhere, and decided text equal token for token. The shards sum their partial products
-in another order, which is float32 rounding: measured max |dlogit| 1.2e-5 on the demo
+in another order, which is float32 rounding: the largest |dlogit| is 1.2e-5 on the demo
 target (logits up to ~20) and 1.5e-3 on SmolLM2 at TP=3 (logits up to 34), where float32
 itself is 5.5e-4 from a float64 run of the same battery.
 """
@@ -24,12 +24,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from acespec.cloud.decided import ROOT  # noqa: E402
-from acespec.cloud.engine import Engine, Limits  # noqa: E402
-from acespec.cloud.loader import load_model  # noqa: E402
-from acespec.cloud.model import Request  # noqa: E402
-from acespec.cloud.tensor_parallel import GroupLost  # noqa: E402
-from acespec.cloud.tp_launch import local_group  # noqa: E402
+from acespec.cloud.target.loader import load_model  # noqa: E402
+from acespec.cloud.target.model import Request  # noqa: E402
+from acespec.cloud.target.tensor_parallel import GroupLost  # noqa: E402
+from acespec.cloud.target.tp_launch import local_group  # noqa: E402
+from acespec.cloud.verify.decided import ROOT  # noqa: E402
+from acespec.cloud.verify.engine import Engine, Limits  # noqa: E402
 from acespec.models import DEMO_TARGET  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402

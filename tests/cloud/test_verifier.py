@@ -11,8 +11,8 @@ from conftest import plain_greedy
 
 torch = pytest.importorskip("torch")
 
-from acespec.cloud.batcher import StepEmulation  # noqa: E402
-from acespec.cloud.server import ServerConfig  # noqa: E402
+from acespec.cloud.serving.server import ServerConfig  # noqa: E402
+from acespec.cloud.verify.batcher import StepEmulation  # noqa: E402
 from acespec.edge.client import CloudSession, generate  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import ServeParams, node_score, served  # noqa: E402

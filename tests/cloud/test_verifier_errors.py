@@ -11,8 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from acespec.cloud.engine import Limits  # noqa: E402
-from acespec.cloud.server import ServerConfig  # noqa: E402
+from acespec.cloud.serving.server import ServerConfig  # noqa: E402
+from acespec.cloud.verify.engine import Limits  # noqa: E402
 from acespec.edge.client import CloudSession, generate  # noqa: E402
 from acespec.proto import acespec_pb2 as pb  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
@@ -226,8 +226,8 @@ def test_idle_session_is_ended_and_freed(target):
 
 
 def test_graceful_stop_drains_open_sessions_and_refuses_new(target):
-    from acespec.cloud.engine import Engine
-    from acespec.cloud.server import create_server
+    from acespec.cloud.serving.server import create_server
+    from acespec.cloud.verify.engine import Engine
 
     model, vh, prompt, expected = target
 
@@ -255,7 +255,7 @@ def test_graceful_stop_drains_open_sessions_and_refuses_new(target):
 def test_a_decided_session_decoding_alone_is_not_idle(target):
     """--idle-timeout counts messages both ways: a decided session whose edge sends nothing
     after Open while the verifier decodes (slow passes) runs to done=true."""
-    from acespec.cloud.batcher import StepEmulation
+    from acespec.cloud.verify.batcher import StepEmulation
 
     model, vh, prompt, _ = target
     cfg = ServerConfig(idle_timeout_s=0.5, emulation=StepEmulation(150.0, 0.0))

@@ -20,8 +20,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from acespec.cloud.engine import Limits  # noqa: E402
-from acespec.cloud.server import ServerConfig  # noqa: E402
+from acespec.cloud.serving.server import ServerConfig  # noqa: E402
+from acespec.cloud.verify.engine import Limits  # noqa: E402
 from acespec.proto import acespec_pb2 as pb  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 
@@ -180,7 +180,7 @@ def test_fuzz_uplink(tiny_pair, caplog):
         seq.append(int(model(seq, model.new_cache(), last_only=True)[0].argmax()))
     expected = seq[len(prompt):]
     fuzz = Fuzzer(model.args.vocab_size, vh, seed=2024)
-    caplog.set_level(logging.ERROR, logger="acespec.cloud.servicer")
+    caplog.set_level(logging.ERROR, logger="acespec.cloud.serving.servicer")
 
     async def go():
         async with running_verifier(model, vh, CFG) as (engine, addr):

@@ -1,6 +1,6 @@
-"""The verifier against careless and hostile clients (issue 15, cloud side), each at the level
-a client reaches it: a real verifier on a loopback socket, or `acespec cloud serve` as a
-process. Every wait is a bounded poll."""
+"""The verifier against careless and hostile clients, each at the level a client reaches
+it: a real verifier on a loopback socket, or `acespec cloud serve` as a process. Every wait
+is a bounded poll."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from acespec.cloud.batcher import StepEmulation  # noqa: E402
-from acespec.cloud.config import ModelArgs  # noqa: E402
-from acespec.cloud.engine import Limits  # noqa: E402
-from acespec.cloud.model import Transformer  # noqa: E402
-from acespec.cloud.server import ServerConfig  # noqa: E402
+from acespec.cloud.serving.server import ServerConfig  # noqa: E402
+from acespec.cloud.target.config import ModelArgs  # noqa: E402
+from acespec.cloud.target.model import Transformer  # noqa: E402
+from acespec.cloud.verify.batcher import StepEmulation  # noqa: E402
+from acespec.cloud.verify.engine import Limits  # noqa: E402
 from acespec.edge.client import CloudSession  # noqa: E402
 from acespec.proto import acespec_pb2 as pb  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402

@@ -16,7 +16,7 @@ from conftest import free_port
 
 torch = pytest.importorskip("torch")
 
-from acespec.cloud.nginx import nginx_config  # noqa: E402
+from acespec.cloud.serving.nginx import nginx_config  # noqa: E402
 from acespec.edge.client import CloudSession  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402

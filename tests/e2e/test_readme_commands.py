@@ -108,8 +108,8 @@ def chat_stack(tiny_pair, tiny_hf_dir):
 
 
 def test_edge_serve_answers_the_openai_client(chat_stack):
-    """The regression that started this file: completions from `edge serve` started from the
-    shell used to hang forever. Completions, chat, and streaming with the official client."""
+    """`edge serve` started from the shell answers and does not hang: completions, chat,
+    and streaming with the official client."""
     url, _ = chat_stack
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=60, max_retries=0)
     c = client.completions.create(model="acespec", prompt="def add(a, b):", max_tokens=16,

@@ -2,9 +2,9 @@
 another churns Grow for ~20 s, every node dead on arrival, while a third decodes. The
 verifier's memory stays bounded (peak RSS <= 1.5 x idle + 200 MB, back within 10 % of idle
 after). The honest session's latency is printed beside its idle figure; the assert on it is
-loose (5x: the hostile client shares this machine's two cores, and wall-clock ratios belong
-in benchmarks), but it catches the stall this guards against (0.09 s became 10.4 s when
-dead nodes were kept)."""
+loose (5x: the hostile client may share the verifier's cores, and wall-clock ratios belong
+in benchmarks), but it catches the stall this guards against: a verifier that kept dead
+nodes would answer the honest session orders of magnitude slower."""
 
 from __future__ import annotations
 

@@ -13,10 +13,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
-from acespec.cloud.engine import Engine  # noqa: E402
-from acespec.cloud.metrics import Metrics  # noqa: E402
-from acespec.cloud.server import ServerConfig, create_server  # noqa: E402
-from acespec.cloud.servicer import VerifierServicer  # noqa: E402
+from acespec.cloud.serving.metrics import Metrics  # noqa: E402
+from acespec.cloud.serving.server import ServerConfig, create_server  # noqa: E402
+from acespec.cloud.serving.servicer import VerifierServicer  # noqa: E402
+from acespec.cloud.verify.engine import Engine  # noqa: E402
 from acespec.edge.client import VerifierTooOld, channel  # noqa: E402
 from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
 from acespec.edge.drafting.ngram import NgramDrafter  # noqa: E402
@@ -95,7 +95,7 @@ class OldVerifier(VerifierServicer):
 
 @contextlib.asynccontextmanager
 async def old_verifier(model, vh):
-    import acespec.cloud.server as server_mod
+    import acespec.cloud.serving.server as server_mod
 
     real = server_mod.VerifierServicer
     server_mod.VerifierServicer = OldVerifier

@@ -15,7 +15,7 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
 from acespec.cli import build_parser  # noqa: E402
-from acespec.cloud.server import ServerConfig  # noqa: E402
+from acespec.cloud.serving.server import ServerConfig  # noqa: E402
 from acespec.edge.api.app import create_app  # noqa: E402
 from acespec.edge.api.openai_types import parse_request  # noqa: E402
 from acespec.edge.cli import build_service  # noqa: E402
@@ -160,7 +160,7 @@ def test_concurrent_requests_equal_sequential(tiny_pair, chat_gguf):
 
 
 def test_disconnect_mid_stream_frees_everything(tiny_pair, chat_gguf):
-    from acespec.cloud.batcher import StepEmulation
+    from acespec.cloud.verify.batcher import StepEmulation
 
     async def body(http, url, svc, engine):
         payload = {"model": "tiny", "prompt": "import", "max_tokens": 400, "temperature": 0,
@@ -231,8 +231,8 @@ def test_chat_without_template_is_400(tiny_pair):
 
 
 def test_cloud_down_503_then_recovers(tiny_pair, chat_gguf):
-    from acespec.cloud.engine import Engine
-    from acespec.cloud.server import create_server
+    from acespec.cloud.serving.server import create_server
+    from acespec.cloud.verify.engine import Engine
 
     tok_dir, model, _ = tiny_pair
     vh = Tokenizer.load(tok_dir).vocab_hash()

@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
-from acespec.cloud.batcher import StepEmulation  # noqa: E402
-from acespec.cloud.server import ServerConfig  # noqa: E402
+from acespec.cloud.serving.server import ServerConfig  # noqa: E402
+from acespec.cloud.verify.batcher import StepEmulation  # noqa: E402
 from acespec.edge.client import channel  # noqa: E402
 from acespec.edge.drafting.base import Draft  # noqa: E402
 from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig  # noqa: E402
@@ -155,7 +155,7 @@ def test_a_verifier_that_finishes_first_loses_nothing(tiny_pair, noisy_gguf, mon
     keeps the stream open until the edge half-closes, so the edge's late writes land and
     nothing is re-done. An older verifier ends the stream at once: the late write fails
     (grpc reports INTERNAL), and the edge resumes from what it committed - same text."""
-    from acespec.cloud.servicer import VerifierServicer
+    from acespec.cloud.serving.servicer import VerifierServicer
 
     if not linger:
         async def no_linger(inbox, linger_s=10.0):

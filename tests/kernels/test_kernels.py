@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from acespec.cloud.kv_cache import KVCache  # noqa: E402
+from acespec.cloud.target.kv_cache import KVCache  # noqa: E402
 from acespec.kernels.served_encoder import encode, encode_ref  # noqa: E402
 from acespec.kernels.tree_attention import (  # noqa: E402
     dense_mask,

@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from acespec.cloud.attention import select_kernels  # noqa: E402
-from acespec.cloud.engine import Engine  # noqa: E402
-from acespec.cloud.model import Request  # noqa: E402
+from acespec.cloud.target.attention import select_kernels  # noqa: E402
+from acespec.cloud.target.model import Request  # noqa: E402
+from acespec.cloud.verify.engine import Engine  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
 

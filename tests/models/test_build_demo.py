@@ -40,7 +40,7 @@ def test_outputs_and_card(built):
 
 
 def test_transformers_loads_target_unchanged_and_logits_match(built):
-    from acespec.cloud.loader import load_model
+    from acespec.cloud.target.loader import load_model
 
     target = built[0] / "out" / "target"
     hf = transformers.AutoModelForCausalLM.from_pretrained(target).eval()

@@ -24,7 +24,7 @@ def test_demo_files_exist_within_size_budget():
 
 
 def test_target_loads_in_transformers_with_matching_logits():
-    from acespec.cloud.loader import load_model
+    from acespec.cloud.target.loader import load_model
 
     ids = Tokenizer.load(DEMO_TARGET).encode(TEXT)
     hf = transformers.AutoModelForCausalLM.from_pretrained(DEMO_TARGET).eval()

@@ -5,12 +5,12 @@ Tolerances (transformers on the float32 checkpoint vs llama.cpp on the Q4_1 GGUF
 cache, 1 thread). The weights are the same numbers, but llama.cpp multiplies Q4_1 weights
 with activations it quantizes to 8 bits per 32-value block (emulating that in torch shrinks
 the first position's difference from 0.7 to 0.15), so logits differ by noise that grows
-through 30 layers. Measured on these prompts (89 positions): mean |dlogit| 0.22, max 2.6,
+through 30 layers. On these prompts (89 positions): mean |dlogit| 0.22, max 2.6,
 top-1 agreement 88/89, total variation between the softmaxes mean 0.033, max 0.093.
 Bounds: mean < 0.4, max < 4.0, top-1 >= 95%, TV mean < 0.05, TV max < 0.2.
 A conversion that skips the Q/K un-permutation breaks them by far (checked below), so the
 bounds catch a wrong conversion while tolerating llama.cpp's arithmetic.
-The verifier's own model against transformers: 2e-4 absolute (measured 0: same float32 arithmetic).
+The verifier's own model against transformers: 2e-4 absolute (in practice 0: same float32 arithmetic).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def test_unpermute_inverts_llama_cpp_permute():
 
 
 def test_verifier_logits_match_transformers(files, hf_model, hf_tok):
-    from acespec.cloud.loader import load_model
+    from acespec.cloud.target.loader import load_model
 
     ours = load_model(files[1])
     ids = hf_tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)

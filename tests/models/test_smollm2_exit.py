@@ -89,7 +89,7 @@ def test_card_reports_acceptance_per_category(built):
 def test_cut_target_keeps_the_targets_first_layers(chat_cache):
     import torch
 
-    from acespec.cloud.loader import load_model
+    from acespec.cloud.target.loader import load_model
     from acespec.models.smollm2.teacher import cut_target
 
     full = load_model(chat_cache / "smollm2" / "target")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from acespec.cloud.config import ModelArgs
+from acespec.cloud.target.config import ModelArgs
 from acespec.models.train import TrainConfig, train
 
 ARGS = ModelArgs(arch="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,

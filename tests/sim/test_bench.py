@@ -79,7 +79,7 @@ def test_bench_runs_the_verifier_in_the_dtype_asked_for_every_mode(tiny_pair, ti
     """`acespec bench --dtype bfloat16`: one verifier in bfloat16 serves `ar` and `acespec`
     alike (the profile line says so). Their texts are not compared: a bfloat16 pass's logits
     depend on how many tokens it scores, so greedy ties can break apart (docs/benchmarks.md
-    §0f); the column reports it."""
+    §5); the column reports it."""
     import json
     import subprocess
     import sys

@@ -1,0 +1,9 @@
+"""The serving shell: the gRPC server (health, auth, TLS, graceful stop), the servicer that
+turns protobuf into engine calls and domain errors into status codes, Prometheus metrics,
+and the nginx configuration for replicas.
+
+    server      `acespec cloud serve`: load, serve, shut down
+    servicer    the gRPC boundary
+    metrics     Prometheus metrics of the verifier
+    nginx       an nginx configuration for session-sticky replicas
+"""
