@@ -36,7 +36,7 @@ class NeedTail(Exception):
 
 
 @dataclass
-class TreeNode:
+class Node:
     """A node of the edge's view of the session trie."""
 
     node_id: int
@@ -45,20 +45,20 @@ class TreeNode:
     q: np.ndarray | None = None  # [V] the distribution this token was drafted from (None: not drafted)
     score: NodeScore | None = None  # p~ of the next token, once the downlink delivered it
     tails: list[tuple[int, int]] = field(default_factory=list)  # (token, units) pre-drawn tail samples
-    children: dict[int, TreeNode] = field(default_factory=dict)  # token -> child
-    drafted: TreeNode | None = None  # the child drawn from q (at most one)
+    children: dict[int, Node] = field(default_factory=dict)  # token -> child
+    drafted: Node | None = None  # the child drawn from q (at most one)
 
 
 @dataclass
 class Walk:
     tokens: list[int]  # decided tokens, in order (accepted drafts, walked branch tokens, final)
-    end: TreeNode  # deepest node reached
+    end: Node  # deepest node reached
     waiting: bool  # True: `end` awaits its scores; False: tokens[-1] has no node yet
     accepted: int = 0  # drafted tokens accepted
     branch_hits: int = 0  # recovered/bonus tokens that matched a pre-built branch
 
 
-def walk(root: TreeNode, greedy: bool, rng_at: Callable[[int], np.random.Generator],
+def walk(root: Node, greedy: bool, rng_at: Callable[[int], np.random.Generator],
          bonus_at_leaves: bool = True) -> Walk:
     """Decide tokens below `root` as far as the scores allow. Raises NeedTail.
 
@@ -88,7 +88,7 @@ def walk(root: TreeNode, greedy: bool, rng_at: Callable[[int], np.random.Generat
     return out
 
 
-def _decide(n: TreeNode, greedy: bool, rng: np.random.Generator, out: Walk) -> int:
+def _decide(n: Node, greedy: bool, rng: np.random.Generator, out: Walk) -> int:
     score = n.score
     if greedy:
         t = score.greedy_token
@@ -105,7 +105,7 @@ def _decide(n: TreeNode, greedy: bool, rng: np.random.Generator, out: Walk) -> i
     return recovered(n, x.q, rng)
 
 
-def _self_p(n: TreeNode, x: TreeNode) -> float:
+def _self_p(n: Node, x: Node) -> float:
     """p~(x | n): the child's self_p when it is scored, else read from n's sparse p~."""
     if x.score is not None:
         return x.score.self_units / UNITS
@@ -122,7 +122,7 @@ class _NotYet(Exception):
     """p~(x | n) is not known until x itself is scored."""
 
 
-def recovered(n: TreeNode, q: np.ndarray, rng: np.random.Generator) -> int:
+def recovered(n: Node, q: np.ndarray, rng: np.random.Generator) -> int:
     """A draw from norm((p~ - q)+) at node n, exact with a sparse p~ (envelope scheme)."""
     s = n.score
     g = np.maximum(s.units / UNITS - q[s.ids], 0.0)  # [k] residual on the sent entries
@@ -141,7 +141,7 @@ def recovered(n: TreeNode, q: np.ndarray, rng: np.random.Generator) -> int:
             return int(z)
 
 
-def bonus(n: TreeNode, rng: np.random.Generator) -> int:
+def bonus(n: Node, rng: np.random.Generator) -> int:
     """A draw from p~ at node n: sent entries by their units, else the next tail sample."""
     s = n.score
     sent = int(s.units.sum())

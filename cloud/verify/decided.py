@@ -90,7 +90,7 @@ HORIZON = 1024  # nodes this many positions behind the decided end are forgotten
 
 
 @dataclass
-class Claim:
+class Node:
     """One node of the edge's speculation tree."""
 
     token: int
@@ -109,7 +109,7 @@ class DecidedSession:
         self.params, self.seed, self.limits = params, seed, limits
         self.tokens = list(map(int, prompt))  # [D] prompt + decided; the KV holds all but the last
         self.prompt_len = len(self.tokens)
-        self.nodes: dict[int, Claim] = {}
+        self.nodes: dict[int, Node] = {}
         self.next_id = 0
         self.live: dict[int, None] = {}  # ids of pending nodes, in id (topological) order
         self.chain: dict[int, int] = {}  # Drafts: position -> node id of the edge's chain
@@ -136,7 +136,7 @@ class DecidedSession:
 
     def apply_grow(self, anchor: int, parents: Sequence[int], tokens: Sequence[int]) -> None:
         """New nodes next_id.. with these parents (node ids, or ROOT = the decided text up
-        to `anchor`). Raises InvalidArgument for a claim that cannot be true."""
+        to `anchor`). Raises InvalidArgument for a node that cannot be true."""
         if ROOT in parents:
             self._check_base(anchor, "Grow.anchor")
         self._check_vocab(tokens, "Grow.tokens")
@@ -149,7 +149,7 @@ class DecidedSession:
 
     def apply_drafts(self, position: int, behind: int, tokens: Sequence[int]) -> None:
         """The edge's text is decided[:position - behind] + its earlier drafts up to
-        `position` + tokens (one chain). Raises InvalidArgument for an impossible claim."""
+        `position` + tokens (one chain). Raises InvalidArgument for an impossible node."""
         base = position - behind
         self._check_base(base, "Drafts")
         if behind and position - 1 not in self.chain:
@@ -193,11 +193,11 @@ class DecidedSession:
         if parent != ROOT and (parent not in self.nodes or self.nodes[parent].state == DEAD):
             return nid
         position = anchor if parent == ROOT else self.nodes[parent].position + 1
-        node = self.nodes[nid] = Claim(token, parent, position)
+        node = self.nodes[nid] = Node(token, parent, position)
         self._settle(nid, node)
         return nid
 
-    def _settle(self, nid: int, node: Claim) -> None:
+    def _settle(self, nid: int, node: Node) -> None:
         """Resolve a pending node against the decided text, as far as it reaches."""
         up = MATCHED if node.parent == ROOT else self.nodes[node.parent].state
         if up == DEAD:
@@ -257,7 +257,7 @@ class DecidedSession:
         parent = ROOT
         for i, t in enumerate(tokens[:self.proposal_room]):
             nid = ROOT - 1 - i
-            self.nodes[nid] = Claim(int(t), parent, self.end + i, proposed=True)
+            self.nodes[nid] = Node(int(t), parent, self.end + i, proposed=True)
             self._in_pass.append(nid)
             parent = nid
         self.proposal_room = 0
@@ -378,5 +378,5 @@ class DecidedSession:
         self.chain = {p: i for p, i in self.chain.items() if p >= old}  # ids may be forgotten
 
 
-_TOP = Claim(token=-1, parent=ROOT, position=-1, state=MATCHED)  # stands for ROOT
+_TOP = Node(token=-1, parent=ROOT, position=-1, state=MATCHED)  # stands for ROOT
 

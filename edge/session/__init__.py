@@ -6,7 +6,7 @@ resume policy), the runner (what every mode shares), and one driver per wire pro
     driver.py      the Driver interface; the downlink reader every streaming driver uses
     ar.py          ArDriver      Generate (cloud-only)
     exact.py       ExactDriver   Extend/Scores (the edge walks; sd, pipeline, acespec-exact)
-    decided.py     DecidedSession, the Decided stream both decided drivers read
+    decided.py     DecidedDriver: what both decided drivers share (the Decided stream)
     chain.py       ChainDriver   Drafts/Decided (one chain)
     grow.py        GrowDriver    Grow/Decided (a speculation tree)
     live_nodes.py  the verifier's grant of live nodes (exact sessions)

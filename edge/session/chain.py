@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from acespec.edge.session.decided import DecidedSession
+from acespec.edge.session.decided import DecidedDriver
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Chain:
         return False
 
 
-class ChainDriver(DecidedSession):
+class ChainDriver(DecidedDriver):
     """One connection attempt of a decided session with one chain of drafts."""
 
     def __init__(self, run, sess, inbox):

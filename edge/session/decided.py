@@ -21,7 +21,7 @@ from acespec.edge.session.driver import get_within, unpack
 from acespec.edge.session.runner import Runner
 
 
-class DecidedSession:
+class DecidedDriver:
     """One connection attempt of a decided session. A subclass implements `work` (draft and
     send what is worth it now) and `take_tokens` (compare decided tokens with its drafts and
     commit them with runner.emit)."""

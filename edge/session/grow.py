@@ -16,7 +16,7 @@ import asyncio
 import time
 
 from acespec.edge.client import CloudSession
-from acespec.edge.session.decided import DecidedSession
+from acespec.edge.session.decided import DecidedDriver
 from acespec.edge.session.driver import get_within
 from acespec.edge.session.pacing import until_due
 from acespec.edge.session.runner import Runner
@@ -25,10 +25,10 @@ from acespec.edge.speculation.grow_tree import (
     ACCEPTED,
     HIT,
     REJECTED,
-    GNode,
     GrowBudget,
     GrowCosts,
     GrowTree,
+    Node,
 )
 
 ROOT = -1
@@ -51,7 +51,7 @@ DUE_SAFETY = 0.1
 PACE_SHARE = 0.5
 
 
-class GrowDriver(DecidedSession):
+class GrowDriver(DecidedDriver):
     """Runs one connection attempt of a decided session whose verifier takes Grow."""
 
     def __init__(self, run: Runner, sess: CloudSession, inbox: asyncio.Queue):
@@ -146,7 +146,7 @@ class GrowDriver(DecidedSession):
             return await self._grow_line(line[0], n) or bool(guessed)
         return await self._grow_batch(line + branches, walked) or bool(guessed)
 
-    async def _grow_batch(self, leaves: list[GNode], walked: list) -> bool:
+    async def _grow_batch(self, leaves: list[Node], walked: list) -> bool:
         """Grow each leaf by one drafted token in one batched decode (each in its own
         drafter sequence; leaves with none to get are left). False if none grew."""
         run, tree = self.run, self.tree
@@ -193,7 +193,7 @@ class GrowDriver(DecidedSession):
         return max(1, min(self.depth, int(REACT_SHARE * self.pass_s
                                           / max(1e-4, self.run.draft_s))))
 
-    async def _grow_line(self, tip: GNode, n: int) -> bool:
+    async def _grow_line(self, tip: Node, n: int) -> bool:
         """Draft n tokens after the line's tip in one drafter call (its own sequence)."""
         run, tree = self.run, self.tree
         if n <= 0 or self._seq_for(tip) is None:
@@ -219,7 +219,7 @@ class GrowDriver(DecidedSession):
         they hold (walked: GrowTree.walk())."""
         return int(self.window * BRANCH_SHARE) - sum(b for _, _, b in walked)
 
-    def _guess(self, walked: list, room: int) -> list[GNode]:
+    def _guess(self, walked: list, room: int) -> list[Node]:
         """Guessed children where they are worth their cost: a hit the verifier holds in
         time saves the passes a miss costs (MISS_PASSES); a late one saves it nothing.
         Re-checked every step, as the calibration, the root and the timing move."""
@@ -228,7 +228,7 @@ class GrowDriver(DecidedSession):
             walked, lambda p, lead: p * timing.p(lead, ahead) * MISS_PASSES * pass_s - node_s,
             room=room)
 
-    def _seq_for(self, node: GNode, p_of: dict | None = None, busy: set | None = None
+    def _seq_for(self, node: Node, p_of: dict | None = None, busy: set | None = None
                  ) -> int | None:
         """A drafter sequence for growing `node`: its own, its parent's (the drafted line
         continues in place), a free one, or - none free - the one held by the least likely
@@ -251,7 +251,7 @@ class GrowDriver(DecidedSession):
                          + len(self.tree.path(parent)))
         return node.seq
 
-    def _holder(self, node: GNode) -> int | None:
+    def _holder(self, node: Node) -> int | None:
         """A sequence whose KV starts with node's path: node's own, the drafted line's below
         it (the line moves its sequence down as it grows), or an ancestor's."""
         down = node
@@ -376,7 +376,7 @@ class GrowDriver(DecidedSession):
         stats.accepted += verdict == ACCEPTED
         stats.verdicts[verdict] = stats.verdicts.get(verdict, 0) + 1
 
-    def _judge_timing(self, draft: GNode) -> None:
+    def _judge_timing(self, draft: Node) -> None:
         """Was the line draft at the position just decided held by the verifier then? (A
         verifier that never acknowledges messages, older than `acked`, leaves the prior.)"""
         if not draft.sent_in or not self.applied:

@@ -8,22 +8,22 @@ from collections.abc import Sequence
 import numpy as np
 
 from acespec.shared.served import NodeScore
-from acespec.shared.walk import TreeNode
+from acespec.shared.walk import Node
 
 
 class SpecTree:
     def __init__(self, root_token: int, root_position: int, root_score: NodeScore | None):
-        self.root = TreeNode(0, token=root_token, position=root_position, score=root_score)
+        self.root = Node(0, token=root_token, position=root_position, score=root_score)
         self._take_tails(self.root)
-        self.nodes: dict[int, TreeNode] = {0: self.root}
-        self._parent: dict[int, TreeNode] = {}  # node id -> parent node
+        self.nodes: dict[int, Node] = {0: self.root}
+        self._parent: dict[int, Node] = {}  # node id -> parent node
         self.tip = self.root  # deepest node of the speculative main chain
 
     def live(self) -> int:
         """Nodes below the committed root (what the verifier's max_live_nodes counts)."""
         return len(self.nodes) - 1
 
-    def path_tokens(self, node: TreeNode) -> list[int]:
+    def path_tokens(self, node: Node) -> list[int]:
         """Tokens from just below the root down to `node` (empty for the root)."""
         out = []
         while node is not self.root:
@@ -31,14 +31,14 @@ class SpecTree:
             node = self._parent[node.node_id]
         return out[::-1]
 
-    def add(self, first_id: int, tokens: Sequence[int], parent: TreeNode,
-            qs: np.ndarray | None) -> list[TreeNode]:
+    def add(self, first_id: int, tokens: Sequence[int], parent: Node,
+            qs: np.ndarray | None) -> list[Node]:
         """Record a chain sent under `parent`: tokens [n]; qs [n, V] the draft distributions,
         or None for decided tokens (recovered/bonus: never tested)."""
         made, prev = [], parent
         for i, tok in enumerate(tokens):
             q = None if qs is None else qs[i]
-            node = TreeNode(first_id + i, token=int(tok), position=prev.position + 1, q=q)
+            node = Node(first_id + i, token=int(tok), position=prev.position + 1, q=q)
             prev.children[node.token] = node
             if q is not None:
                 prev.drafted = node
@@ -60,7 +60,7 @@ class SpecTree:
         if node is not None:
             node.tails += list(zip(ids, units))
 
-    def reroot(self, node: TreeNode) -> None:
+    def reroot(self, node: Node) -> None:
         """`node` is committed: forget everything not below it."""
         keep, stack = {}, [node]
         while stack:
@@ -74,7 +74,7 @@ class SpecTree:
                 tip = tip.drafted
             self.tip = tip
 
-    def cut_below(self, node: TreeNode) -> None:
+    def cut_below(self, node: Node) -> None:
         """Every node below `node` is dead (a rejection there); the tip returns to it."""
         stack = list(node.children.values())
         while stack:
@@ -85,7 +85,7 @@ class SpecTree:
         self.tip = node
 
     @staticmethod
-    def _take_tails(node: TreeNode) -> None:
+    def _take_tails(node: Node) -> None:
         if node.score is not None and not node.tails:
             node.tails = list(zip(node.score.tail_ids.tolist(),
                                   node.score.tail_sample_units.tolist()))

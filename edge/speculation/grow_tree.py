@@ -28,19 +28,19 @@ ACCEPTED, HIT, REJECTED, CONTINUATION = "accepted", "hit", "rejected", "continua
 
 
 @dataclass(eq=False)
-class GNode:
+class Node:
     """One node: its token sits at `position`."""
 
     token: int
     position: int
-    parent: GNode | None
+    parent: Node | None
     guess: bool = False  # a guessed recovery token (not drafted)
     p_c: float = 1.0  # a guess: P(recovered token = this | the draft beside it is rejected)
     nid: int = -1  # wire node id once sent; -1 before (and for the frontier)
     sent_in: int = 0  # the uplink message (1-based, per connection) that carried it; 0: unsent
     lead: int = 0  # once sent: its position's distance past the committed end then
-    children: dict[int, GNode] = field(default_factory=dict)
-    draft: GNode | None = None  # the drafted child, once this node was expanded
+    children: dict[int, Node] = field(default_factory=dict)
+    draft: Node | None = None  # the drafted child, once this node was expanded
     conf: float = 1.0  # the drafter's probability of `draft` (its plain softmax)
     alts: list[int] = field(default_factory=list)  # guessable tokens, by rank
     alt_p: list[float] = field(default_factory=list)  # their P(recovered = it | rejection)
@@ -72,10 +72,10 @@ class GrowTree:
 
     def __init__(self, last_token: int, end: int, acc: AcceptanceModel,
                  guesses_per_node: int = 2):
-        self.root = GNode(last_token, end - 1, None)
+        self.root = Node(last_token, end - 1, None)
         self.acc = acc  # calibrated online by the caller: odds follow what it learns
         self.guesses_per_node = guesses_per_node
-        self.unsent: list[GNode] = []  # created, not yet uploaded (parents first)
+        self.unsent: list[Node] = []  # created, not yet uploaded (parents first)
         self.dropped_seqs: list[int] = []  # sequences of nodes that died, to free
 
     @property
@@ -102,7 +102,7 @@ class GrowTree:
             if child is not nxt:
                 self._drop(child)
         if nxt is None:
-            nxt = GNode(token, old.position + 1, None, seq=old.seq)
+            nxt = Node(token, old.position + 1, None, seq=old.seq)
             old.seq = None
         elif nxt.seq is None:
             nxt.seq, old.seq = old.seq, None
@@ -113,7 +113,7 @@ class GrowTree:
         self.unsent = [n for n in self.unsent if self._live(n)]
         return verdict
 
-    def _drop(self, node: GNode) -> None:
+    def _drop(self, node: Node) -> None:
         stack = [node]
         while stack:
             n = stack.pop()
@@ -122,18 +122,18 @@ class GrowTree:
                 n.seq = None
             stack.extend(n.children.values())
 
-    def _live(self, node: GNode) -> bool:
+    def _live(self, node: Node) -> bool:
         while node.parent is not None:
             node = node.parent
         return node is self.root
 
     # -- growth -------------------------------------------------------------------
 
-    def nodes(self) -> list[tuple[GNode, float]]:
+    def nodes(self) -> list[tuple[Node, float]]:
         """Every live node below the root with its path probability (parents first)."""
         return [(n, p) for n, p, _ in self.walk()]
 
-    def walk(self) -> list[tuple[GNode, float, bool]]:
+    def walk(self) -> list[tuple[Node, float, bool]]:
         """(node, path probability, under a guess?) for every live node below the root,
         parents first. One pass; the calibration is read once."""
         acc = self._accept_table()
@@ -144,7 +144,7 @@ class GrowTree:
             stack.extend((c, p * self._odds(c, acc), b or c.guess) for c in n.children.values())
         return out
 
-    def odds(self, child: GNode) -> float:
+    def odds(self, child: Node) -> float:
         """P(child is on the accepted path | its parent is): the parent's draft is accepted
         with the calibrated P(accept | confidence); a guess needs a rejection and then the
         recovered token to be it."""
@@ -153,21 +153,21 @@ class GrowTree:
     def _accept_table(self) -> list[float]:
         return (self.acc.accepted / self.acc.total).tolist()  # [bins] P(accept) per bin
 
-    def _odds(self, child: GNode, acc: list[float]) -> float:
+    def _odds(self, child: Node, acc: list[float]) -> float:
         conf = (child.parent or self.root).conf
         a = acc[min(len(acc) - 1, int(conf * len(acc)))]
         return (1 - a) * child.p_c if child.guess else a
 
-    def leaves(self, walked: list[tuple[GNode, float, bool]], max_position: int
-               ) -> list[tuple[GNode, float, bool]]:
+    def leaves(self, walked: list[tuple[Node, float, bool]], max_position: int
+               ) -> list[tuple[Node, float, bool]]:
         """Nodes not grown yet (the root included) among `walked` (see walk): (node, path
         probability, under a guess?). The drafted line is the one leaf not under a guess."""
         out = [(self.root, 1.0, False)] if not self.root.expanded else []
         return out + [(n, p, b) for n, p, b in walked
                       if not n.expanded and n.position < max_position]
 
-    def select(self, cands: list[tuple[GNode, float]], budget: GrowBudget,
-               costs: GrowCosts) -> list[GNode]:
+    def select(self, cands: list[tuple[Node, float]], budget: GrowBudget,
+               costs: GrowCosts) -> list[Node]:
         """The leaves to grow in one step: highest value first; when a budget binds, the
         Lagrangian allocator (acespec.edge.speculation.allocator) picks within every budget."""
         cands = sorted(cands, key=lambda c: -c[1])[:max(0, budget.batch)]
@@ -180,8 +180,8 @@ class GrowTree:
                           limits).selected
         return [cands[i][0] for i in sorted(chosen)]
 
-    def expand(self, node: GNode, draft_token: int, ranks: np.ndarray,
-               rec: RecoveryModel) -> GNode:
+    def expand(self, node: Node, draft_token: int, ranks: np.ndarray,
+               rec: RecoveryModel) -> Node:
         """Add node's drafted child; its confidence is ranks[draft] of the drafter's plain
         softmax ranks [V]; the next most likely tokens become guessable (see guess)."""
         node.conf = float(ranks[draft_token])
@@ -191,8 +191,8 @@ class GrowTree:
         node.alt_p = [rec.p(rank, float(ranks[c]) / rest) for rank, c in enumerate(node.alts)]
         return node.draft
 
-    def guess(self, walked: list[tuple[GNode, float, bool]],
-              worth: Callable[[float, int], float], room: int) -> list[GNode]:
+    def guess(self, walked: list[tuple[Node, float, bool]],
+              worth: Callable[[float, int], float], room: int) -> list[Node]:
         """Add guessed children where worth(P(their path), lead) > 0, best first, at most
         `room` (lead: how far past the committed end the child sits).
         Re-checked every step: a node drafted early, when its path looked unlikely, gets
@@ -211,15 +211,15 @@ class GrowTree:
         cands.sort(key=lambda x: -x[0])
         return [self._child(n, c, guess=True, p_c=p_c) for _, n, c, p_c in cands[:room]]
 
-    def _child(self, parent: GNode, token: int, guess: bool, p_c: float) -> GNode:
+    def _child(self, parent: Node, token: int, guess: bool, p_c: float) -> Node:
         child = parent.children.get(token)
         if child is None:
-            child = GNode(token, parent.position + 1, parent, guess=guess, p_c=p_c)
+            child = Node(token, parent.position + 1, parent, guess=guess, p_c=p_c)
             parent.children[token] = child
             self.unsent.append(child)
         return child
 
-    def path(self, node: GNode) -> list[int]:
+    def path(self, node: Node) -> list[int]:
         """Tokens from below the root down to `node`, inclusive ([] for the root)."""
         out = []
         while node is not self.root and node is not None:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from acespec.edge.session.grow import GrowDriver
 from acespec.edge.speculation.branches import CacheStats
 from acespec.edge.speculation.calibration import TimingModel
-from acespec.edge.speculation.grow_tree import GNode
+from acespec.edge.speculation.grow_tree import Node
 
 
 def test_the_prior_is_the_round_trip_model_and_data_overrule_it():
@@ -33,7 +33,7 @@ def _driver(applied: int) -> SimpleNamespace:
 
 
 def _judge(d, sent_in: int, lead: int = 4) -> None:
-    GrowDriver._judge_timing(d, GNode(7, 10, None, sent_in=sent_in, lead=lead))
+    GrowDriver._judge_timing(d, Node(7, 10, None, sent_in=sent_in, lead=lead))
 
 
 def test_a_draft_is_in_time_when_its_message_was_applied_before_the_deciding_pass():

@@ -13,7 +13,7 @@ import pytest
 
 from acespec.shared.config import SamplingParams
 from acespec.shared.served import UNITS, ServeParams, n_sent, node_score, served, tail_draws
-from acespec.shared.walk import NeedTail, TreeNode, walk
+from acespec.shared.walk import NeedTail, Node, walk
 
 SEED = 77
 
@@ -22,7 +22,7 @@ def _params(send_mass: float, m: int = 1) -> ServeParams:
     return ServeParams(SamplingParams(temperature=1.0), send_mass=send_mass, tail_samples=m)
 
 
-def _scored(node: TreeNode, logits: np.ndarray, params: ServeParams, self_units: int,
+def _scored(node: Node, logits: np.ndarray, params: ServeParams, self_units: int,
             seed: int = SEED) -> None:
     """Score a node as the verifier would; `seed` is the session seed (one per trial)."""
     key = (logits.tobytes(), params)
@@ -81,10 +81,10 @@ def test_first_token_follows_p(name):
     counts = np.zeros(vocab)
     draw_rng = np.random.default_rng(1)
     for trial in range(n):
-        root = TreeNode(0, token=0, position=10)
+        root = Node(0, token=0, position=10)
         _scored(root, p_logits, params, 0, seed=trial)
         x = int(draw_rng.choice(vocab, p=q))
-        child = TreeNode(1, token=x, position=11, q=q)
+        child = Node(1, token=x, position=11, q=q)
         _scored(child, p_logits, params, _units(root, x), seed=trial)  # self_p says p~(x)
         root.children[x], root.drafted = child, child
         res = _walk_with_more_tail(root, lambda pos, t=trial: np.random.default_rng([t, pos]),
@@ -110,18 +110,18 @@ def test_two_positions_with_recovery_and_bonus_branches():
     hits = 0
     for trial in range(n):
         rng_at = lambda pos, t=trial: np.random.default_rng([t, pos])  # noqa: E731
-        root = TreeNode(0, token=0, position=4)
+        root = Node(0, token=0, position=4)
         _scored(root, p1_logits, params, 0, seed=trial)
         x = int(draw.choice(vocab, p=q1))
-        a = TreeNode(1, token=x, position=5, q=q1)
+        a = Node(1, token=x, position=5, q=q1)
         root.children[x], root.drafted = a, a
         _scored(a, p2_logits[x], params, _units(root, x), seed=trial)
         y = int(draw.choice(vocab, p=q2[x]))
-        ay = TreeNode(2, token=y, position=6, q=q2[x])
+        ay = Node(2, token=y, position=6, q=q2[x])
         _scored(ay, p1_logits, params, _units(a, y), seed=trial)
         a.children[y], a.drafted = ay, ay
         if guess != x:  # recovery branch: guessed token, not drafted, scored in the same pass
-            b = TreeNode(3, token=guess, position=5)
+            b = Node(3, token=guess, position=5)
             _scored(b, p2_logits[guess], params, _units(root, guess), seed=trial)
             root.children[guess] = b  # no drafted child below b: its next token is a bonus
         res = _walk_with_more_tail(root, rng_at, params)
@@ -135,16 +135,16 @@ def test_two_positions_with_recovery_and_bonus_branches():
     assert tv < 0.025, f"TV {tv:.4f}"
 
 
-def _units(node: TreeNode, token: int) -> int:
+def _units(node: Node, token: int) -> int:
     return node._dist.units_of(token)
 
 
 def test_greedy_walk_follows_argmax_and_counts_hits():
     params = ServeParams()
-    root = TreeNode(0, token=0, position=0)
+    root = Node(0, token=0, position=0)
     root.score = node_score(served(np.array([0, 3.0, 1]), params), params, 0, 0, 0)
-    wrong = TreeNode(1, token=2, position=1, q=np.array([0, 0, 1.0]))
-    branch = TreeNode(2, token=1, position=1)
+    wrong = Node(1, token=2, position=1, q=np.array([0, 0, 1.0]))
+    branch = Node(2, token=1, position=1)
     branch.score = node_score(served(np.array([5.0, 0, 1]), params), params, 2, 0, 0)
     root.children = {2: wrong, 1: branch}
     root.drafted = wrong
@@ -155,9 +155,9 @@ def test_greedy_walk_follows_argmax_and_counts_hits():
 
 def test_walk_waits_for_unscored_draft():
     params = _params(0.5, m=0)  # no pre-drawn tail samples
-    root = TreeNode(0, token=0, position=0)
+    root = Node(0, token=0, position=0)
     _scored(root, np.array([0.0, 1.0, 2.0, -1.0]), params, 0)  # token 3 is in the tail
-    child = TreeNode(1, token=3, position=1, q=np.array([0, 0, 0, 1.0]))  # p~(3) not sent
+    child = Node(1, token=3, position=1, q=np.array([0, 0, 0, 1.0]))  # p~(3) not sent
     root.children[3], root.drafted = child, child
     res = walk(root, False, lambda pos: np.random.default_rng(pos))
     assert res.tokens == [] and res.waiting and res.end is root
