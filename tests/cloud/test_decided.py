@@ -179,6 +179,13 @@ def test_decide_is_a_function_of_seed_and_position():
     assert len({decide(logits, coupled, 5, p) for p in range(50)}) > 3  # it does vary
 
 
+def check_counts(s, sent: int) -> None:
+    """Every draft the edge sent was counted on arrival, and none was scored or settled
+    by comparison twice (dead = received - scored - reconciled, within [0, sent])."""
+    assert s.counts.drafts_received == sent
+    assert 0 <= s.counts.dead_skipped() <= sent
+
+
 def test_every_draft_is_accounted_once_under_random_interleavings():
     """An edge that drafts (70 % right), a verifier that passes, and a link that delivers in
     order, interleaved at random; stop tokens and max_tokens end sessions mid-chain. The
@@ -189,7 +196,7 @@ def test_every_draft_is_accounted_once_under_random_interleavings():
         want = truth([1, 2, 3], 40)
         stop = frozenset({want[int(rng.integers(5, 40))]}) if trial % 2 else frozenset()
         s = session(max_tokens=int(rng.integers(5, 30)), stop=stop)
-        committed, chain, downlink = 3, [], []
+        committed, chain, downlink, sent = 3, [], [], 0
         while not s.done:
             if rng.random() < 0.6 and len(chain) < 8:
                 at = committed + len(chain)
@@ -197,6 +204,7 @@ def test_every_draft_is_accounted_once_under_random_interleavings():
                         for p in range(at, at + int(rng.integers(1, 4)))]
                 s.apply_drafts(at, len(chain), toks)
                 chain += toks
+                sent += len(toks)
             if rng.random() < 0.5:
                 downlink.append(run_pass(s))
             if downlink and rng.random() < 0.5:
@@ -205,5 +213,5 @@ def test_every_draft_is_accounted_once_under_random_interleavings():
                 for t in new:
                     chain = chain[1:] if chain and chain[0] == t else []
                     committed += 1
-            assert s.counts.dead_skipped() >= 0  # no draft is counted as scored twice
+            check_counts(s, sent)
         assert s.tokens[3:] == want[:len(s.tokens) - 3]

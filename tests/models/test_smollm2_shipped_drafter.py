@@ -41,7 +41,9 @@ def test_shipped_drafter_is_the_targets_tokenizer_and_matches_its_card(smollm2_c
             seq.append(int(np.argmax(t._prefill(0, seq)[-1])))
         dl = d._prefill(0, seq)[len(ids) - 1:-1].argmax(-1)
         agree = float(np.mean(dl == np.array(seq[len(ids):])))
-        assert agree >= 0.25, agree  # chance is ~0; the card's figures are far above this
+        # 10 of these 24 (the card: 45.4 % teacher-forced over 40 evaluation chats); one
+        # token's margin for another CPU's float sums. A wrong or broken drafter agrees ~never.
+        assert agree >= 9 / 24, agree
     finally:
         t.close()
         d.close()
