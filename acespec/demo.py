@@ -22,7 +22,7 @@ from acespec.procs import free_port, python_module, wait_port
 SAMPLE = "def fibonacci(n):\n    "
 DEFAULT_PAIR = "smollm2"  # above ar in `acespec bench --pair smollm2 --dataset sharegpt`
 COLUMNS = ("tokens_per_s", "ttft_s", "mean_acceptance_length", "cache_hit_rate",
-           "target_forwards_per_token", "wire_bytes_up_per_token", "wire_bytes_down_per_token",
+           "passes_per_token", "wire_bytes_up_per_token", "wire_bytes_down_per_token",
            "rtt_ms")
 
 

@@ -287,8 +287,8 @@ def _read_file(flag: str, path: str) -> bytes:
 
 def _summary(f: dict) -> str:
     return (f"[{f['mode']}: {f['tokens']} tokens, {f['tokens_per_s']} tok/s, mean acceptance "
-            f"length {f['mean_acceptance_length']}, {f['target_forwards_per_token']} target "
-            f"forwards/token, wire {f['wire_bytes_up_per_token']} B/token up, "
+            f"length {f['mean_acceptance_length']}, {f['passes_per_token']} "
+            f"passes/token, wire {f['wire_bytes_up_per_token']} B/token up, "
             f"{f['wire_bytes_down_per_token']} B/token down"
             + (f", RTT {f['rtt_ms']} ms]" if f.get("rtt_ms") is not None else "]"))
 

@@ -21,6 +21,7 @@ from acespec.proto.codec import (
     encode_grow,
     encode_serve_params,
 )
+from acespec.proto.sizes import FRAMING
 from acespec.shared.served import NodeScore, ServeParams
 
 
@@ -83,9 +84,6 @@ def metadata(token: str | None, session_key: str | None = None) -> tuple:
     return tuple(md)
 
 
-FRAMING = 14  # per message: 5 B gRPC length prefix + 9 B HTTP/2 DATA frame header
-
-
 @dataclass(frozen=True)
 class Decided:
     """Tokens the verifier decided at position, position+1, ... (decided sessions)."""
@@ -113,7 +111,7 @@ class CloudSession:
         self.next_id = 0
         self.session_id = self.model_id = ""
         self.max_live_nodes = 0
-        self.bytes_up = self.bytes_down = 0  # message bytes + 14 B framing each (estimate)
+        self.bytes_up = self.bytes_down = 0  # message bytes + FRAMING each
         self.messages_up = 0  # uplink messages written
         self.server_s = 0.0  # the last Scores' time at the verifier (queue + pass), seconds
         self.grows = False  # the verifier takes Grow (tree) messages in decided sessions

@@ -267,11 +267,11 @@ class GenerateRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., vocab_hash: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("tokens", "done", "target_forwards")
+    __slots__ = ("tokens", "done", "passes")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
-    TARGET_FORWARDS_FIELD_NUMBER: _ClassVar[int]
+    PASSES_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     done: bool
-    target_forwards: int
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., done: _Optional[bool] = ..., target_forwards: _Optional[int] = ...) -> None: ...
+    passes: int
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., done: _Optional[bool] = ..., passes: _Optional[int] = ...) -> None: ...

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from acespec.shared.config import DEPRECATED_KEYS, with_deprecated
 from acespec.sim.stages import LinkSpec, parse_rate, parse_time
 
 MODES = ("ar", "sd", "pipeline", "acespec")
@@ -288,7 +289,7 @@ def _record(label, spec, mode, p, stats, stamps, t0, up, down) -> dict:
 
 
 def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
-    """Per (link, mode): throughput, latency, acceptance, bytes, forwards, ideal-bound ratio
+    """Per (link, mode): throughput, latency, acceptance, bytes, passes, ideal-bound ratio
     and speedups over ar and sd measured in the same run."""
     from acespec.cloud.verify.batcher import StepEmulation
 
@@ -316,7 +317,7 @@ def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
                 "wire_bytes_up_per_token": round(sum(r["wire_bytes_up"] for r in rs) / tok, 2),
                 "wire_bytes_down_per_token": round(sum(r["wire_bytes_down"] for r in rs) / tok, 2),
                 "up_messages_per_token": round(sum(r.get("messages_up", 0) for r in rs) / tok, 3),
-                "target_forwards_per_token": round(sum(r["target_forwards"] for r in rs) / tok, 3),
+                "passes_per_token": round(sum(r["passes"] for r in rs) / tok, 3),
                 **_idle(rs), **_same_as_ar(records, rs),
             }
         sd_al = per_mode.get("sd", {}).get("mean_acceptance_length")
@@ -328,7 +329,7 @@ def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
             if sd_al and step_s:
                 m["ideal_tokens_per_s"] = round(sd_al / step_s, 2)
                 m["ratio_to_ideal"] = round(m["tokens_per_s"] / m["ideal_tokens_per_s"], 3)
-            rows.append(m)
+            rows.append(with_deprecated(m))
     return rows
 
 
@@ -409,7 +410,7 @@ def by_category(records: list[dict]) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    cols = list(dict.fromkeys(k for r in rows for k in r))
+    cols = list(dict.fromkeys(k for r in rows for k in r if k not in DEPRECATED_KEYS))
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

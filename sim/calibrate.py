@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from acespec.sim.des import Costs
+from acespec.sim.des import ModelCosts
 
 
 def acceptance_from_al(al: float, depth: int) -> float:
@@ -88,7 +88,7 @@ def fit_bytes(records: list[dict]) -> dict:
     for r in records:
         if r["mode"] != "sd":
             continue
-        extends = r["target_forwards"] - 1  # the Open's pass is not an Extend
+        extends = r["passes"] - 1  # the Open's pass is not an Extend
         nodes = r["drafted"] + max(0, extends - 1)  # each later Extend leads with a head token
         rows.append([extends, nodes])
         up.append(r["wire_bytes_up"])
@@ -103,7 +103,7 @@ def fit_bytes(records: list[dict]) -> dict:
 
 def calibrate(model_dir: str, drafter_path: str, emulate: str = "40,0.5",
               per_category: int = 2, max_tokens: int = 48) -> dict:
-    """Every cost of acespec.sim.des.Costs, plus the measured acceptance, hit rate and the
+    """Every cost of acespec.sim.des.ModelCosts, plus the measured acceptance, hit rate and the
     verifier's prompt-lookup proposals (tokens per lone pass, and the per-position
     acceptance that gives them with the bench's --propose)."""
     from acespec.sim.bench import BenchConfig, load_prompts, parse_links, run_bench
@@ -117,7 +117,7 @@ def calibrate(model_dir: str, drafter_path: str, emulate: str = "40,0.5",
         records += [dict(r, depth=depth)
                     for r in asyncio.run(run_bench(cfg, model_dir, drafter_path, prompts))]
     base, per = time_target(model_dir, emulate)
-    costs = Costs(draft_s=time_drafter(drafter_path), target_base_s=base,
+    costs = ModelCosts(draft_s=time_drafter(drafter_path), target_base_s=base,
                   target_per_node_s=per, **fit_bytes(records))
     sd8 = [r for r in records if r["mode"] == "sd" and r["depth"] == 8]
     al = sum(r["tokens"] for r in sd8) / max(1, sum(r["rounds"] for r in sd8))
@@ -135,6 +135,6 @@ def calibrate(model_dir: str, drafter_path: str, emulate: str = "40,0.5",
             "prompts": len(prompts), "max_tokens": max_tokens}
 
 
-def load_calibration(path: str | Path) -> tuple[Costs, dict]:
+def load_calibration(path: str | Path) -> tuple[ModelCosts, dict]:
     data = json.loads(Path(path).read_text())
-    return Costs(**data["costs"]), data
+    return ModelCosts(**data["costs"]), data

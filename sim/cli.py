@@ -39,8 +39,8 @@ def add_bench_parser(sub) -> None:
         "bench", help="side-by-side benchmark of the modes through emulated links",
         description="Start the verifier (with a big-model step-time profile), a link emulator "
         "and the edge; run every mode on every prompt through the same link; report tokens/s, "
-        "TTFT, inter-token latency, acceptance, wire bytes/token (socket level), target "
-        "forwards/token, the ideal bound and speedups over ar and sd.\n\n"
+        "TTFT, inter-token latency, acceptance, wire bytes/token (socket level), "
+        "passes/token, the ideal bound and speedups over ar and sd.\n\n"
         "  acespec bench calibrate --out costs.json   measure the discrete-event model's costs\n"
         "  acespec bench sweep --calibration costs.json [--accept 0.8]   sweep it (_lone columns:\n"
         "      the decided modes' passes no edge draft covered, of all passes)",
@@ -234,12 +234,12 @@ def _sweep(args) -> int:
 
     from acespec.sim.bench import markdown
     from acespec.sim.calibrate import load_calibration
-    from acespec.sim.des import Costs
+    from acespec.sim.des import ModelCosts
     from acespec.sim.stages import parse_rate, parse_time
     from acespec.sim.sweep import best_per_link, sweep
 
     try:
-        costs, data = load_calibration(args.calibration) if args.calibration else (Costs(), {})
+        costs, data = load_calibration(args.calibration) if args.calibration else (ModelCosts(), {})
         rates = [parse_rate(r) for r in args.rates.split(",")]
         rtts = [parse_time(t) for t in args.rtts.split(",")]
         depths = [int(d) for d in args.depths.split(",")]

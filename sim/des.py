@@ -20,7 +20,7 @@ the verifier for positions it decided meanwhile are compared without a pass.
 where a draft will be rejected, the edge's chunk carries, with probability `hit_rate`, a
 guessed branch of `branch_depth` drafts; the verifier's walk (or its comparison of late drafts) goes on
 into it, and the edge, learning of the hit, keeps drafting after the branch.
-Costs come from `acespec bench calibrate` (measured components) or are given directly.
+ModelCosts come from `acespec bench calibrate` (measured components) or are given directly.
 """
 
 from __future__ import annotations
@@ -29,18 +29,31 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from acespec.proto.sizes import (
+    DOWN_NODE_GREEDY,
+    DOWN_SCORES_MESSAGE,
+    FRAMING,
+    UP_EXTEND_MESSAGE,
+    UP_NODE,
+)
 from acespec.sim.stages import Chunk, LinkSpec
 
 
 @dataclass(frozen=True)
-class Costs:
+class ModelCosts:
+    """What the modelled components cost in time and wire bytes (`acespec bench calibrate`
+    measures them; the names are its JSON keys)."""
+
     draft_s: float = 0.001  # drafter seconds per token
     target_base_s: float = 0.040  # target seconds per pass
     target_per_node_s: float = 0.0005  # and per scored node
-    up_base: float = 20.0  # wire bytes of an Extend: base + per node
-    up_per_node: float = 1.5
-    down_base: float = 20.0  # wire bytes of a Scores message: base + per node
-    down_per_node: float = 1.5
+    # Wire bytes of an uplink message (Extend) and a downlink one (Scores): base + per node.
+    # `acespec bench calibrate` fits them at the proxy's sockets; the defaults are the
+    # encoded sizes of greedy messages (acespec.proto.sizes).
+    up_base: float = FRAMING + UP_EXTEND_MESSAGE
+    up_per_node: float = UP_NODE
+    down_base: float = FRAMING + DOWN_SCORES_MESSAGE
+    down_per_node: float = DOWN_NODE_GREEDY
     ar_down_per_token: float = 18.0  # wire bytes per streamed token in `ar`
 
     def target_s(self, nodes: int) -> float:
@@ -49,7 +62,8 @@ class Costs:
 
 @dataclass(frozen=True)
 class Scenario:
-    mode: str  # ar | sd | pipeline | acespec
+    mode: str  # ar | sd | pipeline | acespec; decided and tree say how acespec runs
+    # (acespec.sim.sweep.MODES names each variant as `acespec bench` does)
     link: LinkSpec
     accept: float = 0.7  # per-position acceptance probability
     depth: int = 4
@@ -75,7 +89,7 @@ class Scenario:
 class SimResult:
     seconds: float
     tokens: int
-    target_forwards: int
+    passes: int
     rounds: int  # verdict rounds; in decided sessions the verifier's passes
     verifier_busy: float = 0.0  # the verifier's seconds in passes / the session's seconds
     continuation: int = 0  # decided: tokens decided with no draft at their position
@@ -94,7 +108,7 @@ class SimResult:
         return self.tokens / max(1, self.rounds)
 
 
-def simulate(sc: Scenario, costs: Costs) -> SimResult:
+def simulate(sc: Scenario, costs: ModelCosts) -> SimResult:
     if sc.mode == "ar":
         return _ar(sc, costs)
     if sc.mode == "sd":
@@ -108,7 +122,7 @@ def simulate(sc: Scenario, costs: Costs) -> SimResult:
     raise ValueError(f"unknown mode {sc.mode!r}")
 
 
-def _ar(sc: Scenario, c: Costs) -> SimResult:
+def _ar(sc: Scenario, c: ModelCosts) -> SimResult:
     up, down = sc.link.build(sc.seed)
     t = up(Chunk(int(c.up_base), 0.0)).t  # the request
     arrival = t
@@ -127,7 +141,7 @@ def _accepted(rng: np.random.Generator, n: int, p: float) -> int:
     return n
 
 
-def _sd(sc: Scenario, c: Costs) -> SimResult:
+def _sd(sc: Scenario, c: ModelCosts) -> SimResult:
     up, down = sc.link.build(sc.seed)
     rng = np.random.default_rng(sc.seed)
     t, out, rounds, cloud_free, busy = 0.0, 0, 0, 0.0, 0.0
@@ -143,7 +157,7 @@ def _sd(sc: Scenario, c: Costs) -> SimResult:
     return SimResult(t, sc.tokens, rounds + 1, rounds, busy / t)
 
 
-def _pipeline(sc: Scenario, c: Costs) -> SimResult:
+def _pipeline(sc: Scenario, c: ModelCosts) -> SimResult:
     """Chunks of `depth` drafts stream up while earlier ones are scored; the edge applies
     scores as they arrive (between chunks), and a rejection (a miss, in acespec) kills the
     chunks behind it: drafting restarts from the recovered token."""
@@ -186,7 +200,7 @@ def _pipeline(sc: Scenario, c: Costs) -> SimResult:
 class _Cloud:
     """The target: each pass scores every chunk that has arrived by the pass's start."""
 
-    def __init__(self, c: Costs, down):
+    def __init__(self, c: ModelCosts, down):
         self.c, self.down, self.free, self.passes, self.busy = c, down, 0.0, 0, 0.0
 
     def _pass(self, flight: list[dict]) -> None:
@@ -245,7 +259,7 @@ class _DecidingVerifier:
     """The target of a decided session (acespec.cloud.verify.decided): passes back to back from
     `free` on, each fed the last decided token plus the live drafts that have arrived."""
 
-    def __init__(self, sc: Scenario, c: Costs, down, start: float,
+    def __init__(self, sc: Scenario, c: ModelCosts, down, start: float,
                  rng: np.random.Generator | None = None):
         self.sc, self.c, self.down, self.free = sc, c, down, start
         self.rng = rng or np.random.default_rng([sc.seed, 1])  # the proposals' verdicts
@@ -348,7 +362,7 @@ class _DraftingEdge:
     Decided messages that have arrived, then drafts a chunk while its chain (drafts beyond
     what it knows is decided) leaves room in the window, else waits for the next message."""
 
-    def __init__(self, sc: Scenario, c: Costs, up, rng: np.random.Generator, start: float):
+    def __init__(self, sc: Scenario, c: ModelCosts, up, rng: np.random.Generator, start: float):
         self.sc, self.c, self.up, self.rng, self.t = sc, c, up, rng, start
         self.committed, self.chain, self.epoch = 0, 0, 0  # chain: drafts after `committed`
         self.flags: dict[int, bool] = {}  # the current chain's drafts, by position
@@ -416,7 +430,7 @@ class _DraftingEdge:
                      if not ok and self.rng.random() < self.sc.hit_rate)
 
 
-def _decided(sc: Scenario, c: Costs) -> SimResult:
+def _decided(sc: Scenario, c: ModelCosts) -> SimResult:
     """The two actors on one virtual clock: whichever acts first goes next (a verifier pass
     sees the Drafts that arrived by its start; the edge, the Decided that arrived by now)."""
     up, down = sc.link.build(sc.seed)

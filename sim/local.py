@@ -1,7 +1,7 @@
 """In-process speculative decoding of a (target, drafter) pair, with no network.
 
 The reference loop for measuring a pair's acceptance (model card, `acespec generate`):
-each step forwards the last committed token plus D drafts through the target in one pass,
+each step feeds the last committed token plus D drafts through the target in one pass,
 verifies them with `acespec.shared.rejection`, and commits the accepted prefix plus the
 recovered or bonus token.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from acespec.shared.config import SamplingParams
+from acespec.shared.config import SamplingParams, with_deprecated
 from acespec.shared.rejection import verify_greedy, verify_sampled
 from acespec.shared.sampling import transform
 
@@ -25,7 +25,7 @@ class LocalStats:
     drafted: int = 0
     accepted: int = 0
     emitted: int = 0  # tokens committed by verification steps
-    target_forwards: int = 0  # verification passes + prefill
+    passes: int = 0  # target passes: verification steps + the prompt's prefill
     seconds: float = 0.0
 
     @property
@@ -38,10 +38,11 @@ class LocalStats:
         return self.emitted / self.seconds if self.seconds else 0.0
 
     def as_dict(self) -> dict:
-        return {"steps": self.steps, "drafted": self.drafted, "accepted": self.accepted,
-                "tokens": self.emitted, "target_forwards": self.target_forwards,
-                "mean_acceptance_length": round(self.mean_acceptance_length, 4),
-                "tokens_per_s": round(self.tokens_per_s, 2), "seconds": round(self.seconds, 3)}
+        return with_deprecated({
+            "steps": self.steps, "drafted": self.drafted, "accepted": self.accepted,
+            "tokens": self.emitted, "passes": self.passes,
+            "mean_acceptance_length": round(self.mean_acceptance_length, 4),
+            "tokens_per_s": round(self.tokens_per_s, 2), "seconds": round(self.seconds, 3)})
 
 
 def generate_local(target, drafter, prompt: Sequence[int], max_tokens: int, depth: int,
@@ -56,7 +57,7 @@ def generate_local(target, drafter, prompt: Sequence[int], max_tokens: int, dept
     cache = target.new_cache(capacity=len(prompt) + max_tokens + depth + 2)
     if len(prompt) > 1:
         target(list(prompt[:-1]), cache, last_only=True)
-        stats.target_forwards += 1
+        stats.passes += 1
     committed, out = list(prompt), []
     while len(out) < max_tokens:
         draft = drafter.propose(committed, depth, sampling, rng)
@@ -69,7 +70,7 @@ def generate_local(target, drafter, prompt: Sequence[int], max_tokens: int, dept
         cache.truncate(base + 1 + verdict.accepted)
         new = [*draft.tokens[:verdict.accepted].tolist(), verdict.next_token]
         stats.steps += 1
-        stats.target_forwards += 1
+        stats.passes += 1
         stats.drafted += len(draft)
         stats.accepted += verdict.accepted
         stop = eos_id is not None and eos_id in new

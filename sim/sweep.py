@@ -6,43 +6,47 @@ from __future__ import annotations
 from dataclasses import replace
 
 from acespec.cloud.verify.proposals import worth_depth
-from acespec.sim.des import Costs, Scenario, simulate
+from acespec.sim.des import ModelCosts, Scenario, simulate
 from acespec.sim.stages import LinkSpec
 
-# acespec-ideal is the state cache whose hits keep the pipeline flowing; acespec-decided is
-# the engine of greedy and coupled acespec sessions with one drafted chain (the verifier
-# decides and never waits); acespec-tree adds the speculation tree's guessed branches
-# (what those sessions run by default); acespec-gap adds the verifier's gap drafter, which
-# proposes in each pass no draft covers as many tokens (up to GAP_PROPOSE) as the verifier's
-# rule finds worth it (acespec.cloud.verify.proposals.worth_depth), accepted like the edge's drafts
-# and each costing the drafter's own decode time (the edge's, a stand-in for a server's).
-# With lookup_accept > 0, acespec-decided and acespec-tree lone passes score the verifier's
+# The modes by the bench's names (acespec.sim.bench.BENCH_MODES), greedy or coupled: acespec
+# is the verifier deciding with the speculation tree's guessed branches; acespec-chain the
+# same with one drafted chain (the verifier decides and never waits); acespec-gap adds the
+# verifier's gap drafter, which proposes in each pass no draft covers as many tokens (up to
+# GAP_PROPOSE) as the verifier's rule finds worth it (acespec.cloud.verify.proposals.worth_depth),
+# accepted like the edge's drafts and each costing the drafter's own decode time (the edge's,
+# a stand-in for a server's). Two more: acespec-exact is acespec as `--sampling exact` runs it
+# (the edge decides: pipeline plus the state cache's recovery branches), acespec-ideal the
+# model's ideal of it, a state cache whose hits keep the pipeline flowing.
+# With lookup_accept > 0, acespec-chain and acespec lone passes score the verifier's
 # prompt-lookup proposals (cloud serve --propose, up to GAP_PROPOSE, free to find), each
 # taken with that per-position acceptance (acespec.sim.calibrate.lookup_acceptance fits it
 # to a real run's tokens per lone pass; prompt lookup's reach depends on the text).
-MODES = ("ar", "sd", "pipeline", "acespec", "acespec-ideal", "acespec-decided", "acespec-tree",
+MODES = ("ar", "sd", "pipeline", "acespec-exact", "acespec-ideal", "acespec-chain", "acespec",
          "acespec-gap")
-DECIDED = ("acespec-decided", "acespec-tree", "acespec-gap")
+DECIDED = ("acespec-chain", "acespec", "acespec-gap")
 GAP_PROPOSE = 8  # cloud serve --propose's default: the most a lone pass scores
 
 
-def _scenario(base: Scenario, mode: str, costs: Costs, lookup_accept: float = 0.0
+def _scenario(base: Scenario, mode: str, costs: ModelCosts, lookup_accept: float = 0.0
               ) -> Scenario:
     lookup = {"propose": GAP_PROPOSE, "propose_accept": lookup_accept} if lookup_accept else {}
     if mode == "acespec-gap":
         k = worth_depth([base.accept] * GAP_PROPOSE, costs.target_s, 1, costs.draft_s)
-        return replace(_scenario(base, "acespec-tree", costs), propose=k,
+        return replace(_scenario(base, "acespec", costs), propose=k,
                        propose_accept=base.accept, propose_s=costs.draft_s)
+    if mode == "acespec-exact":
+        return replace(base, mode="acespec")
     if mode == "acespec-ideal":
         return replace(base, mode="acespec", hit_continues=True)
-    if mode == "acespec-decided":
+    if mode == "acespec-chain":
         return replace(base, mode="acespec", decided=True, **lookup)
-    if mode == "acespec-tree":
+    if mode == "acespec":
         return replace(base, mode="acespec", decided=True, tree=True, branch_depth=4, **lookup)
     return replace(base, mode=mode)
 
 
-def sweep(costs: Costs, accept: float, hit_rate: float, rates_bps, rtts_s, depths,
+def sweep(costs: ModelCosts, accept: float, hit_rate: float, rates_bps, rtts_s, depths,
           tokens: int = 400, branch_nodes: int = 4, seed: int = 0,
           lookup_accept: float = 0.0, hold_s: float = 0.0) -> list[dict]:
     # One seed of 400 tokens per point: the sweep is for shapes of curves, not decimals.

@@ -374,8 +374,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 async for token in tokens:
                     count += 1
                     await self._write(context, pb.GenerateChunk(tokens=[token],
-                                                                target_forwards=count))
-            await self._write(context, pb.GenerateChunk(done=True, target_forwards=count))
+                                                                passes=count))
+            await self._write(context, pb.GenerateChunk(done=True, passes=count))
         except asyncio.CancelledError:
             log.info("Generate cancelled by the client")
             raise

@@ -31,8 +31,11 @@ class EdgeMetrics:
         self.tokens = Counter("acespec_edge_tokens", "Completion tokens", registry=r)
         self.drafted = Counter("acespec_edge_drafted_tokens", "Drafted tokens", registry=r)
         self.accepted = Counter("acespec_edge_accepted_tokens", "Accepted drafts", registry=r)
+        self.passes = Counter("acespec_edge_passes", "Verifier passes", registry=r)
+        # Deprecated alias of acespec_edge_passes, kept for one release.
         self.target_forwards = Counter("acespec_edge_target_forwards",
-                                       "Verifier scoring passes", registry=r)
+                                       "Verifier passes (deprecated: acespec_edge_passes)",
+                                       registry=r)
         self.cache_hits = Counter("acespec_edge_cache_hits", "State-cache hits", registry=r)
         self.wire = Counter("acespec_edge_wire_bytes", "Bytes to/from the verifier",
                             ["direction"], registry=r)
@@ -43,7 +46,8 @@ class EdgeMetrics:
         self.tokens.inc(u["completion_tokens"])
         self.drafted.inc(u["drafted_tokens"])
         self.accepted.inc(u["accepted_tokens"])
-        self.target_forwards.inc(u["target_forwards"])
+        self.passes.inc(u["passes"])
+        self.target_forwards.inc(u["passes"])
         self.cache_hits.inc(u["cache_hits"])
         self.wire.labels("up").inc(u["wire_bytes_up"])
         self.wire.labels("down").inc(u["wire_bytes_down"])

@@ -7,6 +7,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from acespec.shared.config import with_deprecated
+
 
 class ApiError(Exception):
     """An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
@@ -201,14 +203,14 @@ def usage(prompt_tokens: int, stats_list: list) -> dict:
     rounds = sum(s.rounds for s in stats_list)
     hits = sum(s.cache.hits for s in stats_list)
     rejections = sum(s.cache.rejections for s in stats_list)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
-            "total_tokens": prompt_tokens + tokens,
-            "drafted_tokens": sum(s.drafted for s in stats_list),
-            "accepted_tokens": sum(s.accepted for s in stats_list),
-            "mean_acceptance_length": round(tokens / rounds, 3) if rounds else 0.0,
-            "cache_hit_rate": round(hits / rejections, 3) if rejections else 0.0,
-            "cache_hits": hits,
-            "target_forwards": sum(s.target_forwards for s in stats_list),
-            "wire_bytes_up": sum(s.wire_bytes_up for s in stats_list),
-            "wire_bytes_down": sum(s.wire_bytes_down for s in stats_list),
-            "cloud_reconnects": sum(s.reconnects for s in stats_list)}
+    return with_deprecated({"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
+                            "total_tokens": prompt_tokens + tokens,
+                            "drafted_tokens": sum(s.drafted for s in stats_list),
+                            "accepted_tokens": sum(s.accepted for s in stats_list),
+                            "mean_acceptance_length": round(tokens / rounds, 3) if rounds else 0.0,
+                            "cache_hit_rate": round(hits / rejections, 3) if rejections else 0.0,
+                            "cache_hits": hits,
+                            "passes": sum(s.passes for s in stats_list),
+                            "wire_bytes_up": sum(s.wire_bytes_up for s in stats_list),
+                            "wire_bytes_down": sum(s.wire_bytes_down for s in stats_list),
+                            "cloud_reconnects": sum(s.reconnects for s in stats_list)})

@@ -6,8 +6,9 @@ import contextlib
 
 import grpc
 
-from acespec.edge.client import FRAMING, generate
+from acespec.edge.client import generate
 from acespec.edge.session.runner import Runner
+from acespec.proto.sizes import FRAMING
 
 
 class ArDriver:
@@ -26,7 +27,7 @@ class ArDriver:
             async with contextlib.aclosing(stream) as tokens:  # closing cancels the call
                 async for tok in tokens:
                     run.connected = True
-                    run.stats.target_forwards += 1
+                    run.stats.passes += 1
                     run.stats.rounds += 1
                     run.emit([tok])
                     if run.finished:  # max_tokens or a stop: read no further

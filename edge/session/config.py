@@ -7,11 +7,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acespec.edge.speculation.branches import CacheConfig, CacheStats
+from acespec.shared.config import with_deprecated
 from acespec.shared.served import ServeParams
 
 MODES = ("ar", "sd", "pipeline", "acespec")
 MAX_DEPTH, MAX_WINDOW = 64, 1024  # the largest --depth and --window an edge accepts
 GROW_SEQS = 6  # drafter sequences a request's speculation tree may use besides its main one
+# What one more node adds to a verifier pass: a planning guess, the 40,0.5 profile's per-node
+# cost (docs/design.md §8).
+NODE_PASS_S = 5e-4
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ class Stats:
     rounds: int = 0  # verification outcomes that ended a run (a rejection or a bonus)
     drafted: int = 0
     accepted: int = 0
-    target_forwards: int = 0  # scoring passes the verifier ran for this request
+    passes: int = 0  # verifier passes for this request
     wire_bytes_up: int = 0  # protobuf + gRPC/HTTP2 data framing, per message
     wire_bytes_down: int = 0
     messages_up: int = 0  # uplink messages (each costs its gRPC/HTTP2 framing)
@@ -124,7 +128,7 @@ class Stats:
             return dict.fromkeys(("lone_passes", "lone_tokens", "verifier_proposed",
                                   "proposed_accepted", "draft_passes", "draft_pass_tokens",
                                   "gap_s"))
-        passes = self.target_forwards
+        passes = self.passes
         return {"lone_passes": v["lone_passes"], "lone_tokens": v["lone_tokens"],
                 "verifier_proposed": v["proposed"], "proposed_accepted": v["proposed_accepted"],
                 "draft_passes": max(0, passes - v["lone_passes"]),
@@ -133,12 +137,11 @@ class Stats:
 
     def as_dict(self) -> dict:
         t = max(self.tokens, 1)
-        return {"tokens": self.tokens, "tokens_per_s": round(self.tokens / self.seconds, 2)
+        return with_deprecated({"tokens": self.tokens, "tokens_per_s": round(self.tokens / self.seconds, 2)
                 if self.seconds else 0.0,
                 "mean_acceptance_length": round(self.tokens / self.rounds, 3) if self.rounds else 0.0,
                 "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
-                "target_forwards": self.target_forwards,
-                "target_forwards_per_token": round(self.target_forwards / t, 3),
+                "passes": self.passes, "passes_per_token": round(self.passes / t, 3),
                 "wire_bytes_up": self.wire_bytes_up, "wire_bytes_down": self.wire_bytes_down,
                 "wire_bytes_up_per_token": round(self.wire_bytes_up / t, 2),
                 "wire_bytes_down_per_token": round(self.wire_bytes_down / t, 2),
@@ -150,8 +153,8 @@ class Stats:
                 "cache_rejections": self.cache.rejections, "cache_hits": self.cache.hits,
                 "verdicts": self.verdicts,
                 "tree_width": self.tree_width, "tree_depth": self.tree_depth,
-                "nodes_per_pass": round(self.verifier["drafts_scored"] / self.target_forwards, 2)
-                if self.verifier and self.target_forwards else None,
+                "nodes_per_pass": round(self.verifier["drafts_scored"] / self.passes, 2)
+                if self.verifier and self.passes else None,
                 "branches_uploaded": self.cache.branches_uploaded,
                 "branch_nodes_scored": self.cache.branch_nodes, "budgets": self.budgets,
                 "drafts_in_time": None if self.cache.in_time_rate is None
@@ -160,4 +163,4 @@ class Stats:
                 "shape_changes": self.shape_changes, "link_estimate": self.link,
                 **self.idle_figures(),
                 "ttft_s": round(self.first_token_s, 4) if self.first_token_s is not None else None,
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3)})

@@ -30,7 +30,7 @@ class DecidedDriver:
         self.run, self.sess, self.inbox = run, sess, inbox
         self.counted = False  # the verifier's final account has arrived
         self.write_failed = False
-        self.passes_before = run.stats.target_forwards  # earlier attempts' passes
+        self.passes_before = run.stats.passes  # earlier attempts' passes
         self.sent: list[tuple[float, int]] = []  # (time, bytes) of each uplink message
         self.acked = 0  # of those, how many the verifier said it applied
         self.applied = 0  # acked as of the Decided being applied (0 before any)
@@ -131,7 +131,7 @@ class DecidedDriver:
         stats = self.run.stats
         self.applied = msg.acked  # what the verifier held when it decided these tokens
         self.take_tokens(msg.tokens)
-        stats.target_forwards = stats.rounds = self.passes_before + msg.passes
+        stats.passes = stats.rounds = self.passes_before + msg.passes
         if msg.counts is not None:
             stats.add_verifier(msg.counts)
             self.counted = True

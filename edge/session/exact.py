@@ -22,18 +22,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acespec.edge.client import CloudSession, Tail
-from acespec.edge.session.config import EngineConfig
+from acespec.edge.session.config import NODE_PASS_S, EngineConfig
 from acespec.edge.session.driver import unpack
 from acespec.edge.session.live_nodes import RESERVE, VerifierLive, fit_to_grant
 from acespec.edge.session.runner import Runner
 from acespec.edge.speculation.adaptive import LinkBudgets, Shape, choose_shape
-from acespec.edge.speculation.branches import BUDGETS, Costs, guesses, plan
+from acespec.edge.speculation.branches import BUDGETS, NodeCosts, guesses, plan
 from acespec.edge.speculation.exact_tree import SpecTree
+from acespec.proto.sizes import DOWN_NODE_GREEDY, DOWN_NODE_SAMPLED
 from acespec.shared.walk import NeedTail, walk
 
 log = logging.getLogger(__name__)
-
-NODE_PASS_S = 5e-4  # what one more tree node adds to a big target's pass (a planning guess)
 
 
 @dataclass
@@ -55,7 +54,7 @@ class ExactDriver:
         self.head = None  # (end node, decided token) waiting to be sent as a node
         self._guess: dict[int, tuple[list[int], float]] = {}  # drafted node -> (guesses, confidence)
         self._since_change = 0  # Scores since the shape last changed
-        run.stats.target_forwards += 1  # the root's pass
+        run.stats.passes += 1  # the root's pass
         context = run.context
         self.tree = SpecTree(context[-1], len(context) - 1, root)
 
@@ -128,7 +127,7 @@ class ExactDriver:
         sent_at, up = fl.sent.pop(0)
         rtt = time.perf_counter() - sent_at
         run.stats.round_trips.append(rtt)
-        run.stats.target_forwards += 1
+        run.stats.passes += 1
         run.stats.server_s += server_s
         tree.apply_scores(msg)
         run.link.observe(up, size, rtt, server_s, sent_at + rtt)
@@ -149,7 +148,7 @@ class ExactDriver:
         new = choose_shape(run.alpha, link.base_rtt(), link.bandwidth(), run.draft_s,
                            run.shape, max_depth,
                            max(max_depth, min(run.cfg.max_window, self.live.grant - 3)),
-                           link.step())
+                           link.step(), self._down_per_node())
         new = Shape(*fit_to_grant(self.live.grant, new.depth, new.window))
         if new != run.shape:
             log.debug("shape %s -> %s (acceptance %.2f, base rtt %.1f ms, %.0f B/s)", run.shape,
@@ -274,6 +273,10 @@ class ExactDriver:
             run.stats.cache.branch_nodes += len(toks)
         tree.tip = made[-1]
 
+    def _down_per_node(self) -> float:
+        """A node's Scores bytes: one token id when greedy, a sparse p~ when sampled."""
+        return DOWN_NODE_GREEDY if self.run.cfg.serve.sampling.greedy else DOWN_NODE_SAMPLED
+
     async def _branches(self, context: list[int], draft, max_nodes: int) -> list[tuple]:
         """Plan and draft recovery branches for this chunk, at most max_nodes nodes in all
         (what the verifier's grant leaves): [(Branch, tokens, qs)]."""
@@ -284,9 +287,8 @@ class ExactDriver:
         rtt = float(np.median(stats.round_trips[-8:])) if stats.round_trips else 0.1
         per_round = stats.tokens / stats.rounds if stats.rounds else 2.0
         token_s = rtt / max(1.0, per_round)  # the current time per generated token
-        greedy = run.cfg.serve.sampling.greedy
-        costs = Costs(kv_per_token=float(getattr(run.drafter, "kv_bytes_per_token", 4096.0)),
-                      draft_ms=1000 * run.draft_s, down_per_node=3.0 if greedy else 20.0)
+        costs = NodeCosts(kv_per_token=float(getattr(run.drafter, "kv_bytes_per_token", 4096.0)),
+                          draft_ms=1000 * run.draft_s, down_per_node=self._down_per_node())
         derived = (6.0, 24.0, 96.0)
         if link.ready:
             derived = LinkBudgets().derive(link.base_rtt() + link.step(), link.bandwidth(),

@@ -16,27 +16,26 @@ import asyncio
 import time
 
 from acespec.edge.client import CloudSession
+from acespec.edge.session.config import NODE_PASS_S
 from acespec.edge.session.decided import DecidedDriver
 from acespec.edge.session.driver import get_within
 from acespec.edge.session.pacing import until_due
 from acespec.edge.session.runner import Runner
+from acespec.edge.speculation.branches import NodeCosts
 from acespec.edge.speculation.calibration import TimingModel
 from acespec.edge.speculation.grow_tree import (
     ACCEPTED,
     HIT,
     REJECTED,
     GrowBudget,
-    GrowCosts,
     GrowTree,
     Node,
 )
+from acespec.proto.sizes import UP_NODE, grow_bytes
 
 ROOT = -1
 REACT_SHARE = 0.5  # a line chunk drafts for at most this share of a verifier pass
 RAMP = 2  # fewest drafts in the line's first chunk after a miss (the chunks then double)
-NODE_PASS_S = 5e-4  # what one more node adds to a verifier pass (the 40,0.5 profile)
-NODE_BYTES = 8.0  # uplink bytes one node costs, its share of the message framing included
-MESSAGE_BYTES = 54.0  # gRPC and HTTP/2 framing of one uplink message
 # A guessed child that hits saves what a miss costs: the passes the verifier decides alone
 # until the edge's new drafts arrive (about two at 50 kbit/s, 50 ms; docs/benchmarks.md §3).
 MISS_PASSES = 2.0
@@ -95,7 +94,7 @@ class GrowDriver(DecidedDriver):
         if not link.ready or self.last_decided is None:
             return self.last_send + PACE_SHARE * self.pass_s - now, None
         bw, one_way, margin = link.bandwidth(), link.base_rtt() / 2, DUE_MARGIN * self.pass_s
-        send_s = (MESSAGE_BYTES + NODE_BYTES * len(self.tree.unsent)) / bw
+        send_s = grow_bytes(len(self.tree.unsent)) / bw
         return until_due(now, self.last_decided - one_way, self.pass_s, one_way + send_s + margin,
                          margin - DUE_SAFETY * self.pass_s, self.aimed)
 
@@ -169,7 +168,7 @@ class GrowDriver(DecidedDriver):
         rtt = link.base_rtt() if link.ready else 2 * self.pass_s
         bw = link.bandwidth() if link.ready else SLOW_LINK_BPS / 8
         rate = self.pass_tokens / max(self.pass_s, 1e-3)
-        return rate * (rtt + n * self.run.draft_s + (MESSAGE_BYTES + n * NODE_BYTES) / bw)
+        return rate * (rtt + n * self.run.draft_s + grow_bytes(n) / bw)
 
     def _ramp(self) -> int:
         """Drafts in the line's first chunk after a miss: past where the verifier will be
@@ -295,8 +294,8 @@ class GrowDriver(DecidedDriver):
         if self.tree.root.seq is None and self.free:  # the root needs one to grow from
             self.tree.root.seq = self.free.pop()
 
-    def _costs(self) -> GrowCosts:
-        return GrowCosts(kv_per_token=float(getattr(self.run.drafter, "kv_bytes_per_token",
+    def _costs(self) -> NodeCosts:
+        return NodeCosts(kv_per_token=float(getattr(self.run.drafter, "kv_bytes_per_token",
                                                     4096.0)))
 
     def _kv_room(self, live: int) -> float:
@@ -315,7 +314,7 @@ class GrowDriver(DecidedDriver):
         """What one more node costs the cycle: its uplink bytes and its share of a pass."""
         link = self.run.link
         bw = link.bandwidth() if link.ready else SLOW_LINK_BPS / 8
-        return NODE_PASS_S + NODE_BYTES / bw
+        return NODE_PASS_S + UP_NODE / bw
 
     def _time_pass(self) -> None:
         """The verifier's pass time: the interval between its Decided messages (one per

@@ -2,11 +2,12 @@
 
 The verifier never idles: it runs pass after pass and applies what has arrived at the start
 of each. A message that lands mid-pass waits for the next start, so a second message inside
-one pass interval buys nothing a later one would not, yet costs its own framing (~24 B, the
-bytes of ~10 nodes). The Decided stream gives the verifier's clock: one message per pass,
-sent as a pass ends and the next begins; the link gives the one-way delay (half the base
-round trip) and a message's serialisation. The edge drafts until the latest moment a message
-can leave and still make the next pass start, then sends everything it has in one message.
+one pass interval buys nothing a later one would not, yet costs its own framing and fields
+(FRAMING + UP_MESSAGE in acespec.proto.sizes, 23 B: the bytes of ~8 nodes). The Decided
+stream gives the verifier's clock: one message per pass, sent as a pass ends and the next
+begins; the link gives the one-way delay (half the base round trip) and a message's
+serialisation. The edge drafts until the latest moment a message can leave and still make
+the next pass start, then sends everything it has in one message.
 """
 
 from __future__ import annotations

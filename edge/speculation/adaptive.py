@@ -22,9 +22,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-UP_PER_NODE = 3.0  # uplink bytes per node: token id varint + parent index (docs/design.md §4)
-DOWN_PER_NODE = 6.0  # downlink bytes per node (greedy ~2; sampled 6-40 with the sparse p~)
-PER_MESSAGE = 30.0  # gRPC + HTTP/2 framing + field overhead per message, each way
+from acespec.proto.sizes import (
+    DOWN_NODE_GREEDY,
+    DOWN_SCORES_MESSAGE,
+    FRAMING,
+    UP_EXTEND_MESSAGE,
+    UP_NODE,
+)
+
+CHUNK_BYTES = 2 * FRAMING + UP_EXTEND_MESSAGE + DOWN_SCORES_MESSAGE  # an Extend and its Scores
 FITS = 7  # the bandwidth is the median of the link fits after this many recent exchanges
 
 
@@ -125,23 +131,24 @@ def tokens_per_cycle(a: float, window: int) -> float:
 
 
 def cycle_seconds(base_rtt: float, bandwidth: float, shape: Shape, draft_s: float,
-                  step_s: float = 0.0) -> float:
+                  step_s: float = 0.0, down_per_node: float = DOWN_NODE_GREEDY) -> float:
     """A verdict cycle: the network round trip and a pass, the window's bytes on the link,
-    drafting the first chunk (the rest is drafted while waiting), and dead passes in the way."""
+    drafting the first chunk (the rest is drafted while waiting), and dead passes in the way.
+    down_per_node: a node's Scores bytes (acespec.proto.sizes: greedy or sampled)."""
     chunks = -(-shape.window // shape.depth)
-    wire = shape.window * (UP_PER_NODE + DOWN_PER_NODE) + 2 * chunks * PER_MESSAGE
+    wire = shape.window * (UP_NODE + down_per_node) + chunks * CHUNK_BYTES
     return (base_rtt + step_s + wire / bandwidth + shape.depth * draft_s
             + 0.5 * (chunks - 1) * step_s)
 
 
 def choose_shape(a: float, base_rtt: float, bandwidth: float, draft_s: float,
                  current: Shape, max_depth: int = 8, max_window: int = 32,
-                 step_s: float = 0.0) -> Shape:
+                 step_s: float = 0.0, down_per_node: float = DOWN_NODE_GREEDY) -> Shape:
     """The (depth, window) with the best modelled tokens/s, or `current` unless the best
     beats it by more than 10 %."""
     def rate(s: Shape) -> float:
         return tokens_per_cycle(a, s.window) / cycle_seconds(base_rtt, bandwidth, s, draft_s,
-                                                             step_s)
+                                                             step_s, down_per_node)
 
     grid = [Shape(d, w) for d in (2, 3, 4, 6, 8) if d <= max_depth
             for w in range(d, max_window + 1, d)]

@@ -20,6 +20,7 @@ import numpy as np
 
 from acespec.edge.speculation.allocator import BUDGETS, Candidate, allocate
 from acespec.edge.speculation.calibration import AcceptanceModel, RecoveryModel
+from acespec.proto.sizes import DOWN_NODE_GREEDY, UP_BRANCH_NODE, UP_NODE
 
 
 @dataclass(frozen=True)
@@ -79,17 +80,19 @@ def guesses(r: np.ndarray, x: int, n: int) -> list[int]:
 
 
 @dataclass(frozen=True)
-class Costs:
-    """Per-node costs of a branch in each budget (order of allocator.BUDGETS, less nodes)."""
+class NodeCosts:
+    """What one speculated node costs in each budget (order of allocator.BUDGETS, less
+    cloud_nodes: one each): a branch node here, a node of the speculation tree in
+    acespec.edge.speculation.grow_tree. Wire bytes from acespec.proto.sizes."""
 
     kv_per_token: float = 4096.0  # drafter KV bytes per token
     draft_ms: float = 1.0  # drafter time per drafted token
-    up_per_node: float = 3.0
-    down_per_node: float = 6.0
+    up_per_node: float = UP_NODE  # a chain node; a branch's first node costs UP_BRANCH_NODE more
+    down_per_node: float = DOWN_NODE_GREEDY  # its Scores (DOWN_NODE_SAMPLED when sampled)
 
 
 def plan(qs: np.ndarray, drafts: np.ndarray, acc: AcceptanceModel, cfg: CacheConfig,
-         token_s: float, node_s: float, costs: Costs, budgets: np.ndarray,
+         token_s: float, node_s: float, costs: NodeCosts, budgets: np.ndarray,
          ranks: np.ndarray | None = None, rec: RecoveryModel | None = None) -> list[Branch]:
     """Branches worth building for one chunk: drafts [n] drawn from qs [n, V]; guesses are
     ranked by `ranks` [n, V] (the drafter's plain softmax) when given, else by q; their
@@ -114,7 +117,8 @@ def plan(qs: np.ndarray, drafts: np.ndarray, acc: AcceptanceModel, cfg: CacheCon
                 continue
             root = (j, c, 0)
             cands.append(Candidate(root, None, rej * p_c * token_s - node_s,
-                                   (k.kv_per_token, 0.0, k.up_per_node + 1, k.down_per_node, 1.0)))
+                                   (k.kv_per_token, 0.0, k.up_per_node + UP_BRANCH_NODE,
+                                    k.down_per_node, 1.0)))
             for d in range(1, cfg.branch_depth + 1):
                 cands.append(Candidate((j, c, d), (j, c, d - 1),
                                        rej * p_c * a ** d * token_s - node_s,
@@ -130,5 +134,5 @@ def plan(qs: np.ndarray, drafts: np.ndarray, acc: AcceptanceModel, cfg: CacheCon
     return [Branch(j, c, d) for (j, c), d in sorted(depth.items())]
 
 
-__all__ = ["AcceptanceModel", "Branch", "BUDGETS", "CacheConfig", "CacheStats", "Costs",
-           "RecoveryModel", "guesses", "plan"]
+__all__ = ["AcceptanceModel", "Branch", "BUDGETS", "CacheConfig", "CacheStats",
+           "NodeCosts", "RecoveryModel", "guesses", "plan"]

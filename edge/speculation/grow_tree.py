@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acespec.edge.speculation.allocator import Candidate, allocate
-from acespec.edge.speculation.branches import guesses
+from acespec.edge.speculation.branches import NodeCosts, guesses
 from acespec.edge.speculation.calibration import AcceptanceModel, RecoveryModel
 
 ACCEPTED, HIT, REJECTED, CONTINUATION = "accepted", "hit", "rejected", "continuation"
@@ -59,12 +59,6 @@ class GrowBudget:
     kv_bytes: float  # edge drafter KV still free for new cells
     uplink_bytes: float  # uplink bytes the link carries in one round trip
     batch: int  # leaves one decode may grow (free drafter sequences)
-
-
-@dataclass(frozen=True)
-class GrowCosts:
-    kv_per_token: float = 4096.0  # drafter KV bytes per new cell
-    up_per_node: float = 2.0  # a token id and its share of the message
 
 
 class GrowTree:
@@ -167,10 +161,12 @@ class GrowTree:
                       if not n.expanded and n.position < max_position]
 
     def select(self, cands: list[tuple[Node, float]], budget: GrowBudget,
-               costs: GrowCosts) -> list[Node]:
+               costs: NodeCosts) -> list[Node]:
         """The leaves to grow in one step: highest value first; when a budget binds, the
         Lagrangian allocator (acespec.edge.speculation.allocator) picks within every budget."""
         cands = sorted(cands, key=lambda c: -c[1])[:max(0, budget.batch)]
+        # No draft time (the batch bounds a step's drafting) and no downlink (Decided
+        # carries decided tokens, not the nodes' scores).
         per = (costs.kv_per_token, 0.0, costs.up_per_node, 0.0, 1.0)
         limits = (budget.kv_bytes, 1.0, budget.uplink_bytes, 1.0, float(budget.nodes))
         need = np.array(per) * len(cands)

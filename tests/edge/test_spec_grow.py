@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from acespec.edge.speculation.branches import NodeCosts
 from acespec.edge.speculation.calibration import AcceptanceModel, RecoveryModel
 from acespec.edge.speculation.grow_tree import (
     ACCEPTED,
@@ -13,7 +14,6 @@ from acespec.edge.speculation.grow_tree import (
     HIT,
     REJECTED,
     GrowBudget,
-    GrowCosts,
     GrowTree,
 )
 
@@ -86,7 +86,7 @@ def test_select_respects_every_budget_and_more_budget_never_selects_less():
     t = grown_tree()
     cands = [(n, float(v)) for (n, _, _), v in zip(t.leaves(t.walk(), max_position=100),
                                                [5.0, 3.0, 2.0, 1.0])]
-    costs = GrowCosts(kv_per_token=100.0, up_per_node=2.0)
+    costs = NodeCosts(kv_per_token=100.0, up_per_node=2.0)
     prev = -1.0
     for nodes in range(0, 5):
         got = t.select(cands, GrowBudget(nodes=nodes, kv_bytes=1e9, uplink_bytes=1e9, batch=8),

@@ -5,24 +5,25 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from acespec.sim.des import Costs, Scenario, simulate
+from acespec.sim.des import ModelCosts, Scenario, simulate
 from acespec.sim.stages import LinkSpec
 
 FAST = LinkSpec(1e9, 1e9, 0.0)
 WAN = LinkSpec(50e3, 50e3, 0.05)
-COSTS = Costs(draft_s=0.001, target_base_s=0.040, target_per_node_s=0.0005)
+COSTS = ModelCosts(draft_s=0.001, target_base_s=0.040, target_per_node_s=0.0005)
 
 
 def test_ar_exact_on_an_ideal_link():
-    c = Costs(target_base_s=0.01, target_per_node_s=0.0)
+    c = ModelCosts(target_base_s=0.01, target_per_node_s=0.0)
     r = simulate(Scenario("ar", FAST, tokens=10), c)
-    # request up (20 B), ten 10 ms steps, the last token down (18 B) at 1 Gbit/s
-    assert r.seconds == pytest.approx(0.1 + 20 * 8 / 1e9 + 18 * 8 / 1e9, rel=1e-9)
-    assert r.target_forwards == 10
+    # request up (an Extend's base), ten 10 ms steps, the last token down at 1 Gbit/s
+    assert r.seconds == pytest.approx(0.1 + (c.up_base + c.ar_down_per_token) * 8 / 1e9,
+                                      rel=1e-9)
+    assert r.passes == 10
 
 
 def test_sd_with_perfect_drafts_is_depth_plus_one_per_round():
-    c = Costs(draft_s=0.0, target_base_s=0.01, target_per_node_s=0.0)
+    c = ModelCosts(draft_s=0.0, target_base_s=0.01, target_per_node_s=0.0)
     r = simulate(Scenario("sd", FAST, accept=1.0, depth=4, tokens=50), c)
     assert r.mean_acceptance_length == pytest.approx(5.0)
     assert r.seconds == pytest.approx(10 * 0.01, rel=1e-4)  # plus a few ns of serialisation
@@ -53,11 +54,14 @@ def decided(link, **kw) -> Scenario:
 
 def test_decided_without_drafts_is_plain_decoding_exact():
     # window < depth: the edge never drafts, so every pass decides one continuation token
-    c = Costs(target_base_s=0.01, target_per_node_s=0.0)
+    c = ModelCosts(target_base_s=0.01, target_per_node_s=0.0)
     r = simulate(decided(FAST, depth=4, window=2, tokens=10), c)
-    # Open up (20 B), the prompt's prefill, ten passes, the last Decided (21 B) down
-    assert r.seconds == pytest.approx(20 * 8 / 1e9 + 11 * 0.01 + 21 * 8 / 1e9, rel=1e-9)
-    assert (r.rounds, r.target_forwards, r.continuation) == (10, 11, 10)
+    # Open up (an uplink message's base), the prompt's prefill, ten passes, the last
+    # Decided (one token) down
+    down = int(c.down_base + c.down_per_node)
+    assert r.seconds == pytest.approx(c.up_base * 8 / 1e9 + 11 * 0.01 + down * 8 / 1e9,
+                                      rel=1e-9)
+    assert (r.rounds, r.passes, r.continuation) == (10, 11, 10)
     assert r.verifier_busy == pytest.approx(1.0, rel=1e-5)  # the link's ends: ns
 
 
@@ -69,7 +73,7 @@ def test_decided_is_deterministic_per_seed():
 
 @pytest.mark.parametrize("depth,window", [(4, 8), (4, 16), (8, 16)])
 def test_decided_perfect_drafts_on_a_fast_link(depth, window):
-    c = Costs(draft_s=0.0, target_base_s=0.040, target_per_node_s=0.0005)
+    c = ModelCosts(draft_s=0.0, target_base_s=0.040, target_per_node_s=0.0005)
     r = simulate(decided(FAST, accept=1.0, depth=depth, window=window, tokens=400), c)
     # Passes run back to back, so each starts before the edge hears of the one before: the
     # drafts it finds are what is left of the window, and every other pass is a bonus-only
@@ -134,10 +138,10 @@ def test_sweep_shows_the_decided_engine():
     from acespec.sim.sweep import best_per_link, sweep
 
     rows = sweep(COSTS, 0.8, 0.5, [50e3], [0.05], [4], tokens=100)
-    assert len(rows) == 2 and all("acespec-decided" in r and "pipeline_busy" in r
+    assert len(rows) == 2 and all("acespec-chain" in r and "pipeline_busy" in r
                                   for r in rows)
     (best,) = best_per_link(rows)
-    assert best["acespec-decided_x_ar"] > 1 and 0.9 < best["acespec-decided_busy"] <= 1
+    assert best["acespec-chain_x_ar"] > 1 and 0.9 < best["acespec-chain_busy"] <= 1
 
 
 def test_the_speculation_tree_in_the_decided_engine():
@@ -185,7 +189,7 @@ def test_the_sweep_has_the_gap_drafter_mode():
 
     rows = sweep(COSTS, 0.7, 0.5, [50_000], [0.1], [4], tokens=300)
     best = best_per_link(rows)[0]
-    assert best["acespec-gap"] > best["acespec-tree"] and "acespec-gap_busy" in best
+    assert best["acespec-gap"] > best["acespec"] and "acespec-gap_busy" in best
 
 
 def test_the_sweep_scores_prompt_lookup_in_lone_passes():
@@ -198,7 +202,7 @@ def test_the_sweep_scores_prompt_lookup_in_lone_passes():
     plain = best_per_link(sweep(COSTS, 0.6, 0.5, [50_000], [0.1], [4], tokens=300))[0]
     looked = best_per_link(sweep(COSTS, 0.6, 0.5, [50_000], [0.1], [4], tokens=300,
                                  lookup_accept=0.5))[0]
-    for mode in ("acespec-decided", "acespec-tree"):
+    for mode in ("acespec-chain", "acespec"):
         assert looked[mode] > 1.2 * plain[mode]
         assert 0.5 < plain[f"{mode}_lone"] <= 1 and 0 < looked[f"{mode}_lone"] <= 1
     assert looked["acespec-gap"] == plain["acespec-gap"]  # its proposals are the gap drafter's
