@@ -97,6 +97,7 @@ def test_linear_choice_errors_name_what_is_wrong(hf_pair):
     assert select_linear("auto", half) == "torch"  # auto falls back where oneDNN cannot
 
 
+@pytest.mark.slow
 @needs_onednn
 def test_cloud_serve_linear_flag_from_the_shell():
     """`acespec cloud serve --linear onednn|torch` says what runs, and serves `Generate`."""

@@ -112,6 +112,7 @@ def test_an_order_not_worth_a_proposal_still_gets_one_in_explore():
     assert got.count(1) == 3 and set(got) == {0, 1} and got[EXPLORE - 1] == 1
 
 
+@pytest.mark.slow
 def test_the_engine_scores_fewer_proposals_where_a_node_costs_more():
     """The real engine (the demo target, a code prompt, greedy decided sessions) under
     two step profiles: 40 ms + 0.5 ms per node, and 10 ms + 6 ms per node. Its proposals per

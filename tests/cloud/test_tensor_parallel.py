@@ -107,15 +107,18 @@ def compare(path, n: int, rounds: int) -> None:
     print(f"TP={n}: max |dlogit| {worst:.2e} over {len(got)} requests")
 
 
+@pytest.mark.slow
 def test_tp2_on_the_demo_target_scores_as_tp1():
     compare(DEMO_TARGET, 2, rounds=6)
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_tp3_on_smollm2_scores_as_tp1(smollm2_cache):
     compare(smollm2_cache / "smollm2" / "target", 3, rounds=3)
 
 
+@pytest.mark.slow
 def test_a_lost_rank_is_reported_once_and_fails_passes_at_once():
     reasons = []
     with local_group(DEMO_TARGET, 2, threads=1, on_failure=reasons.append) as model:

@@ -171,6 +171,7 @@ def throw(ch: grpc.Channel, msgs: list[bytes]) -> tuple[str, str]:
     return call.code().name, call.details() or ""
 
 
+@pytest.mark.slow
 def test_fuzz_uplink(tiny_pair, caplog):
     tok_dir, model, _ = tiny_pair
     tok = Tokenizer.load(tok_dir)

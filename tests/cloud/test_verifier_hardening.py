@@ -365,6 +365,7 @@ def tls_pair(tmp_path_factory):
     return cert, key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["swapped_tls", "bad_host", "port_70000", "metrics_70000"])
 def test_serve_refuses_bad_addresses_with_one_line(tiny_hf_dir, tls_pair, case):
     cert, key = tls_pair
@@ -382,6 +383,7 @@ def test_serve_refuses_bad_addresses_with_one_line(tiny_hf_dir, tls_pair, case):
     assert len([ln for ln in proc.stderr.splitlines() if "error" in ln]) == 1, proc.stderr
 
 
+@pytest.mark.slow
 def test_serve_on_a_busy_port_fails_instead_of_sharing_it(base_model, tiny_hf_dir):
     async def go():
         async with running_verifier(fresh(base_model), VH) as (_, addr):
@@ -394,6 +396,7 @@ def test_serve_on_a_busy_port_fails_instead_of_sharing_it(base_model, tiny_hf_di
     assert_clear_error(proc, "could not listen on 127.0.0.1:")
 
 
+@pytest.mark.slow
 def test_metrics_listen_on_the_serve_host_only(tiny_hf_dir):
     mport = free_port()
     proc = subprocess.Popen(serve_cmd(tiny_hf_dir, "--host", "127.0.0.1", "--port", "0",

@@ -15,6 +15,7 @@ pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.slow
 def test_bench_sharegpt_eval_split_per_category(chat_cache, tmp_path):
     out = tmp_path / "bench.json"
     r = acespec("bench", "--pair", "smollm2", "--dataset", "sharegpt", "--per-category", "1",

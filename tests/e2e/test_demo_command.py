@@ -30,6 +30,7 @@ def _demo(tiny_hf_dir, gguf, *extra, step_ms="0"):
             str(gguf), "--link", "1mbit:10ms", "--emulate-step-ms", step_ms, *extra]
 
 
+@pytest.mark.slow
 def test_demo_prints_both_modes_and_cleans_up(tiny_hf_dir, tiny_pair):
     gguf = tiny_pair[2]["q8_0"]
     p = subprocess.run(_demo(tiny_hf_dir, gguf, "--max-tokens", "16"), capture_output=True,
@@ -41,6 +42,7 @@ def test_demo_prints_both_modes_and_cleans_up(tiny_hf_dir, tiny_pair):
     assert len(pids) == 2 and not any(_alive(x) for x in pids)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_child(tiny_hf_dir, tiny_pair):
     gguf = tiny_pair[2]["q8_0"]
     # 100 ms passes: the tiny target's context (a few hundred tokens) then lasts long past

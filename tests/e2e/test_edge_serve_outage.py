@@ -54,6 +54,7 @@ def _wait_chunks(got: list[str], n: int, timeout: float = 60) -> None:
     assert sum(x.startswith("data: {") for x in got) >= n, got[-5:]
 
 
+@pytest.mark.slow
 def test_stream_rides_out_a_verifier_restart(tiny_pair, tiny_hf_dir):
     cport, eport = free_port(), free_port()
     url = f"http://127.0.0.1:{eport}"
@@ -89,6 +90,7 @@ def test_stream_rides_out_a_verifier_restart(tiny_pair, tiny_hf_dir):
     cloud.__exit__()
 
 
+@pytest.mark.slow
 def test_sigterm_ends_open_streams_with_an_error_and_done(tiny_pair, tiny_hf_dir):
     cport, eport = free_port(), free_port()
     url = f"http://127.0.0.1:{eport}"

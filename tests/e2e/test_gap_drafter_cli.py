@@ -28,6 +28,7 @@ def _metric(text: str, name: str, **labels: str) -> float:
                if s.name == name and s.labels == labels)
 
 
+@pytest.mark.slow
 def test_a_gap_drafter_proposes_in_lone_passes_and_changes_no_token():
     mport = free_port()
     cloud, addr = verifier("--gap-drafter", str(DEMO_DRAFTER), "--metrics-port", str(mport))
@@ -62,6 +63,7 @@ def test_a_gap_drafter_proposes_in_lone_passes_and_changes_no_token():
     ("models/smollm2/drafter-q8_0.gguf", ["--gap-drafter", "tokenizer", "target's"]),
     ("/nonexistent/d.gguf", ["--gap-drafter", "no such file"]),
 ])
+@pytest.mark.slow
 def test_a_wrong_gap_drafter_is_one_line_and_exit_2(path, words):
     p = acespec("cloud", "serve", "--port", "0", "--gap-drafter", path, timeout=120)
     assert p.returncode == 2, p.stderr[-2000:]

@@ -51,6 +51,7 @@ def _error(r, status: int) -> dict:
     return r.json()["error"]
 
 
+@pytest.mark.slow
 def test_a_normal_client_is_served(stack):
     url, _ = stack
     r = _post(url)

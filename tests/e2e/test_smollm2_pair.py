@@ -50,6 +50,7 @@ def test_pair_and_model_clash_is_one_line(env):
     assert out.returncode == 2 and "--pair smollm2 sets --model" in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 def test_chat_completion_through_edge_serve(env, cloud, monkeypatch):
     monkeypatch.setenv("ACESPEC_CACHE_DIR", env["ACESPEC_CACHE_DIR"])
     port = free_port()

@@ -160,6 +160,7 @@ async def _soak(stack: Stack, prompts) -> dict:
     return {"log": log, "kills": len(kills), "seconds": time.monotonic() - t0}
 
 
+@pytest.mark.slow
 def test_soak(tiny_pair, tiny_hf_dir):
     gguf = tiny_pair[2]["q8_0"]
     prompts = _prompts()

@@ -44,6 +44,7 @@ def reference() -> dict[str, list[int]]:
     return ref
 
 
+@pytest.mark.slow
 def test_greedy_generate_through_tp2_equals_tp1(reference):
     import httpx
 
@@ -62,6 +63,7 @@ def test_greedy_generate_through_tp2_equals_tp1(reference):
         assert not _ranks_alive(proc)  # rank 0 waited for its ranks
 
 
+@pytest.mark.slow
 def test_a_killed_rank_stops_the_server_and_the_edge_resumes_elsewhere(reference):
     port = free_port()
     addr = f"127.0.0.1:{port}"
@@ -108,6 +110,7 @@ def test_bad_tp_is_one_line_and_exit_2(flags, says):
     assert len(lines) == 1 and says in lines[0], lines
 
 
+@pytest.mark.slow
 def test_tp_against_torchruns_world_size_is_one_line():
     env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
     out = acespec("cloud", "serve", "--port", "0", "--tp", "3", env=env, timeout=60)
@@ -117,6 +120,7 @@ def test_tp_against_torchruns_world_size_is_one_line():
                                   "the same number or leave --tp out")
 
 
+@pytest.mark.slow
 def test_ranks_that_see_different_checkpoints_stop_with_one_line(tmp_path):
     other = tmp_path / "other"
     shutil.copytree(DEMO_TARGET, other)
@@ -141,6 +145,7 @@ def test_ranks_that_see_different_checkpoints_stop_with_one_line(tmp_path):
         errors[0] and "rank 1: " + str(other) in errors[0], outs[0][1][-2000:]
 
 
+@pytest.mark.slow
 def test_torchrun_starts_the_ranks_and_sigterm_stops_them_all(reference):
     port = free_port()
     with open(os.devnull, "w") as null:
@@ -221,6 +226,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 def test_profile_times_tp1_and_tp2_side_by_side_and_counts_the_all_reduces():
     out = acespec("cloud", "profile", "--tp", "1,2", "--nodes", "1,4", "--repeats", "2",
                   "--json", timeout=180)

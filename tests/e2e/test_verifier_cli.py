@@ -25,6 +25,7 @@ def hf_target(tiny_pair, tiny_hf_dir):
     return tiny_hf_dir, Tokenizer.load(tiny_pair[0])
 
 
+@pytest.mark.slow
 def test_serve_process_health_generate_and_graceful_stop(hf_target):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -57,6 +58,7 @@ def test_serve_process_health_generate_and_graceful_stop(hf_target):
             proc.kill()
 
 
+@pytest.mark.slow
 def test_bad_flags_are_clear_errors(hf_target, tmp_path):
     path, _ = hf_target
     empty = tmp_path / "tokens"

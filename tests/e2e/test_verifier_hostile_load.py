@@ -100,6 +100,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 def test_a_hostile_client_costs_others_little(tmp_path):
     tok = Tokenizer.load(DEMO_TARGET)
     vh, prompt = tok.vocab_hash(), tok.encode("def main():\n")

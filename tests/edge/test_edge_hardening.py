@@ -174,6 +174,7 @@ class EndsStreams(VerifierServicer):
         await context.abort(grpc.StatusCode.UNAVAILABLE, "replica going away")
 
 
+@pytest.mark.slow
 def test_stream_ended_while_the_edge_writes_is_a_lost_connection_http(stack):
     """Before the fix, one request in ~8 died with asyncio.InvalidStateError ('RPC already
     finished') from the edge's write: HTTP 500. Now each resumes on a new session."""
@@ -363,6 +364,7 @@ def start_verifier(model_dir, *flags: str) -> tuple[subprocess.Popen, str]:
 
 @pytest.mark.parametrize("shape", [[], ["--depth", "4", "--window", "16"]],
                          ids=["adaptive", "depth4-window16"])
+@pytest.mark.slow
 def test_modes_fit_the_granted_live_nodes(stack, tiny_hf_dir, noisy_gguf, shape):
     """Against `cloud serve --max-live-nodes 16` every mode fits its window to the grant
     rather than exiting with '21 live nodes would exceed max_live_nodes=16'."""
@@ -514,6 +516,7 @@ def test_ar_stops_the_verifier_when_it_has_enough(stack):
     assert n_passes < 50  # not the stream's 200 passes
 
 
+@pytest.mark.slow
 def test_unreachable_verifier_fails_fast_with_one_clear_line(stack):
     _, _, gguf, _ = stack
     t0 = time.monotonic()
@@ -600,6 +603,7 @@ def test_disconnected_non_streaming_client_cancels_its_generation(stack):
     assert started and freed  # before: the generation ran on to its 100th token
 
 
+@pytest.mark.slow
 def test_failed_stream_sends_only_the_error_event(stack):
     """A stream whose verifier goes away for good: an error event then [DONE], and no
     finish chunk claiming the text ended normally ('length')."""

@@ -93,6 +93,7 @@ def test_completions_stream_equals_non_stream_and_usage(tiny_pair, chat_gguf):
     assert plain["object"] == "text_completion" and plain["choices"][0]["finish_reason"] == "length"
     u = plain["usage"]
     assert u["completion_tokens"] == 12 and u["mean_acceptance_length"] >= 1
+    assert u["passes"] >= 1 and u["target_forwards"] == u["passes"]  # the deprecated alias
     for k in ("drafted_tokens", "accepted_tokens", "cache_hit_rate", "wire_bytes_up", "wire_bytes_down"):
         assert k in u
     streamed = "".join(c["text"] for e in events for c in e["choices"])
@@ -230,6 +231,7 @@ def test_chat_without_template_is_400(tiny_pair):
     assert r.status_code == 400 and "no chat template" in r.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_cloud_down_503_then_recovers(tiny_pair, chat_gguf):
     from acespec.cloud.serving.server import create_server
     from acespec.cloud.verify.engine import Engine
@@ -255,6 +257,9 @@ def test_cloud_down_503_then_recovers(tiny_pair, chat_gguf):
     assert up.status_code == 200 and up.json()["usage"]["completion_tokens"] == 4
     assert 'acespec_edge_requests_total{endpoint="completions",status="503"} 1.0' in metrics
     assert "acespec_edge_tokens_total 4.0" in metrics
+    passes = up.json()["usage"]["passes"]
+    assert f"acespec_edge_passes_total {passes:.1f}" in metrics
+    assert f"acespec_edge_target_forwards_total {passes:.1f}" in metrics  # deprecated alias
 
 
 def test_official_openai_client(tiny_pair, chat_gguf):

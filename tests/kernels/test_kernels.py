@@ -54,6 +54,7 @@ CASES = [  # sessions, ctx, tree, H, KV, D, block, dtype
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:7])) + str(c[7])[-4:])
 def test_tree_attention_matches_reference(case):
     S, ctx, tree, H, KV, D, bs, dt = case
@@ -102,6 +103,7 @@ ENCODER_CASES = [  # V, temperature, top_k, top_p, send_mass, tail samples
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ENCODER_CASES, ids=lambda c: f"V{c[0]}-k{c[2]}-p{c[3]}")
 def test_served_encoder_equals_reference(case):
     """Every output equal to the numpy reference: ids, units (exact), support size, sent
@@ -126,6 +128,7 @@ def test_served_encoder_equals_reference(case):
     assert got.self_units[1] > 0
 
 
+@pytest.mark.slow
 def test_gpucheck_script_runs_in_the_interpreter(tmp_path):
     """The GPU check script's own code path, on tiny shapes (no GPU here)."""
     import json

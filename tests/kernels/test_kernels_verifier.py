@@ -27,6 +27,7 @@ def twins(model):
     return ref, tri
 
 
+@pytest.mark.slow
 def test_batched_tree_passes_match_the_reference(tiny_pair):
     """Three sessions in each forward pass: prefill, then trees branching off earlier
     passes' nodes, a commit (retain + compaction) in between. Logits of every pass agree
@@ -56,6 +57,7 @@ def test_batched_tree_passes_match_the_reference(tiny_pair):
     assert worst < 1e-4, worst
 
 
+@pytest.mark.slow
 def test_verifier_scores_equal_with_the_triton_path(tiny_pair):
     """Engine sessions (open, chains and branches, sampled p~ with tails): every NodeScore
     of the Triton path (tree attention + fused encoder) equals the reference path's."""

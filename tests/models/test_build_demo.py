@@ -26,6 +26,7 @@ def _digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_outputs_and_card(built):
     root, card = built
     out = root / "out"
@@ -62,6 +63,7 @@ def test_q8_gguf_tracks_f16(built):
     assert np.abs(f16 - q8).max() < 0.1  # Q8_0 error on O(1) logits
 
 
+@pytest.mark.slow
 def test_rebuild_is_deterministic_and_resumes(built, tmp_path):
     root, _ = built
     again = build_demo(tmp_path / "out", tmp_path / "work", "tiny", seed=3)

@@ -188,6 +188,7 @@ def test_chat_template_renders_as_llama_cpp(files, hf_tok, llama):
         assert list(ours) == ref
 
 
+@pytest.mark.slow
 def test_conversion_is_deterministic(files, tmp_path):
     convert(files[0], tmp_path / "again")
     for f in sorted(files[1].iterdir()):

@@ -47,6 +47,7 @@ def built(chat_cache, tmp_path_factory):
     mp.undo()
 
 
+@pytest.mark.slow
 def test_training_stages_read_only_the_training_split(built):
     *_, asked = built
     assert ("build_eval", "eval") in asked
@@ -102,6 +103,7 @@ def test_cut_target_keeps_the_targets_first_layers(chat_cache):
         cut_target(chat_cache / "smollm2" / "target", 31)
 
 
+@pytest.mark.slow
 def test_resume_skips_finished_stages(built, chat_cache):
     from acespec.models.smollm2.build import build
 
@@ -111,6 +113,7 @@ def test_resume_skips_finished_stages(built, chat_cache):
     assert again["corpus"] == card["corpus"]
 
 
+@pytest.mark.slow
 def test_a_grown_cut_computes_what_the_trained_one_does(chat_cache):
     """teacher.grow: a deeper cut started from a shallower (here: perturbed) one keeps its
     layers and norm and adds the target's next layers with zero output projections, so its
@@ -138,6 +141,7 @@ def test_a_grown_cut_computes_what_the_trained_one_does(chat_cache):
         grow(big, big.state_dict())
 
 
+@pytest.mark.slow
 def test_a_grown_preset_trains_on_from_its_base(built, chat_cache):
     """Preset tiny-2 grows the tiny build's trained layer: it starts from that checkpoint
     (its own checkpoint beside it), trains its steps, and the card says what it grew from."""
@@ -157,6 +161,7 @@ def test_a_grown_preset_trains_on_from_its_base(built, chat_cache):
     assert (out / "out2" / "drafter-q8_0.gguf").is_file()
 
 
+@pytest.mark.slow
 def test_start_from_gguf_restores_a_built_drafter(built, chat_cache):
     """teacher.start_from_gguf: a fresh cut loaded from the build's F16 GGUF has the trained
     checkpoint's layers and norm (to F16 precision) and the target's own embedding; a GGUF
@@ -181,6 +186,7 @@ def test_start_from_gguf_restores_a_built_drafter(built, chat_cache):
         start_from_gguf(cut_target(target, 2), out / "out" / "drafter-f16.gguf")
 
 
+@pytest.mark.slow
 def test_a_preset_started_from_a_gguf_trains_on_from_it(built, chat_cache, monkeypatch):
     """A preset with start_gguf begins at that drafter (not at the untrained cut), trains its
     steps, and its card names the file it started from with its sha256."""
@@ -271,6 +277,7 @@ def test_greedy_steps_counts_accepted_drafts_and_the_bonus():
     assert greedy_steps(Fake(False), seq, 5, 4) == (15, 15)
 
 
+@pytest.mark.slow
 def test_agreement_of_the_target_with_its_own_answers_is_near_one(built):
     """build.agreement lines the drafter's top-1 after each position up with the next answer
     token: the target's own GGUF, teacher-forced on its greedy eval answers, agrees at (almost:

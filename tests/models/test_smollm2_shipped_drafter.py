@@ -19,6 +19,7 @@ TEXTS = ["<|im_start|>user\nWrite a function that checks for primes.<|im_end|>\n
          "Ünïcödé naïve café ß 😀👍🏽 数字 123456", "'s 're 'll don't\r\n\x00ctrl"]
 
 
+@pytest.mark.slow
 def test_shipped_drafter_is_the_targets_tokenizer_and_matches_its_card(smollm2_cache):
     from acespec.models.smollm2 import GGUF_NAME
     from acespec.models.smollm2.corpus import LlamaBatch

@@ -69,6 +69,7 @@ PAIRS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PAIRS))
 def test_first_token_follows_p(name):
     p_logits, q_logits, send_mass = (np.array(x, float) if isinstance(x, list) else x
@@ -94,6 +95,7 @@ def test_first_token_follows_p(name):
     assert tv < 0.02, f"{name}: TV {tv:.4f}"
 
 
+@pytest.mark.slow
 def test_two_positions_with_recovery_and_bonus_branches():
     vocab, n = 6, 40_000
     params = _params(0.4, m=1)

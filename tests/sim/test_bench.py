@@ -23,7 +23,7 @@ from acespec.sim.bench import (  # noqa: E402
 
 KEYS = ("tokens_per_s", "ttft_s", "itl_p50_ms", "itl_p99_ms", "mean_acceptance_length",
         "cache_hit_rate", "wire_bytes_up_per_token", "wire_bytes_down_per_token",
-        "target_forwards_per_token", "speedup_vs_ar", "speedup_vs_sd", "ratio_to_ideal")
+        "passes_per_token", "speedup_vs_ar", "speedup_vs_sd", "ratio_to_ideal")
 
 
 def test_shipped_prompt_set_has_five_categories_of_ten():
@@ -32,6 +32,7 @@ def test_shipped_prompt_set_has_five_categories_of_ten():
     assert len(cats) >= 5 and all(sum(p["category"] == c for p in prompts) >= 10 for c in cats)
 
 
+@pytest.mark.slow
 def test_bench_runs_every_mode_side_by_side(tiny_pair, tiny_hf_dir, tmp_path):
     _, _, ggufs = tiny_pair
     cfg = BenchConfig(links=parse_links("loopback,500kbit:20ms"), max_tokens=8,
@@ -50,6 +51,7 @@ def test_bench_runs_every_mode_side_by_side(tiny_pair, tiny_hf_dir, tmp_path):
     assert all(f.stat().st_size > 1000 for f in files)
 
 
+@pytest.mark.slow
 def test_bench_gap_mode_beside_the_others_from_the_command_line(tiny_pair, tiny_hf_dir,
                                                                tmp_path):
     """`acespec bench --modes ar,acespec,acespec-gap`: one verifier with --gap-drafter (the
@@ -74,6 +76,7 @@ def test_bench_gap_mode_beside_the_others_from_the_command_line(tiny_pair, tiny_
     assert "gap_ms_per_token" in p.stdout
 
 
+@pytest.mark.slow
 def test_bench_runs_the_verifier_in_the_dtype_asked_for_every_mode(tiny_pair, tiny_hf_dir,
                                                                   tmp_path):
     """`acespec bench --dtype bfloat16`: one verifier in bfloat16 serves `ar` and `acespec`

@@ -24,16 +24,17 @@ pytest.importorskip("llama_cpp")
 
 from acespec.sim.bench import BenchConfig, load_prompts, parse_links, run_bench  # noqa: E402
 from acespec.sim.calibrate import calibrate, lookup_acceptance  # noqa: E402
-from acespec.sim.des import Costs, Scenario, simulate  # noqa: E402
+from acespec.sim.des import ModelCosts, Scenario, simulate  # noqa: E402
 
 EMULATE = "20,0.5"
 LINK = "100kbit:40ms"
 TOLERANCE = 0.35
 
 
+@pytest.mark.slow
 def test_model_agrees_with_the_real_system(tiny_hf_dir, noisy_gguf):
     cal = calibrate(str(tiny_hf_dir), str(noisy_gguf), EMULATE, per_category=1, max_tokens=48)
-    costs = Costs(**cal["costs"])
+    costs = ModelCosts(**cal["costs"])
     prompts = load_prompts(None, 1)
     cfg = BenchConfig(links=parse_links(LINK),
                       modes=("ar", "sd", "pipeline", "acespec", "acespec-gap"), depth=4,

@@ -58,6 +58,7 @@ def _transfer(ns: NetnsLink, mode: str, n: int) -> float:
         proc.wait(10)
 
 
+@pytest.mark.slow
 def test_tbf_rates_each_way():
     """200 kbit/s up and 400 kbit/s down: 40 KB each way take n*8/rate within 25 %
     (TCP slow start and the tbf burst make the short transfer a little faster or slower)."""
@@ -69,6 +70,7 @@ def test_tbf_rates_each_way():
     assert abs(down / (40_000 * 8 / 400e3) - 1) < 0.25, down
 
 
+@pytest.mark.slow
 def test_bench_through_a_namespace(tiny_hf_dir, tiny_pair):
     """The real benchmark with --netns: verifier inside the namespace, tbf shaping, the
     proxy adding the delay and counting bytes."""
