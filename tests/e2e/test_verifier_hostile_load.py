@@ -1,7 +1,7 @@
 """`cloud serve` from the command line under a hostile client: one session floods Drafts and
-another churns Grow for ~20 s, every node dead on arrival, while a third decodes. The
-verifier's memory stays bounded (peak RSS <= 1.5 x idle + 200 MB, back within 10 % of idle
-after). The honest session's latency is printed beside its idle figure; the assert on it is
+another churns Grow, twice for 12 s, every node dead on arrival, while a third decodes. The
+verifier's memory stays bounded (peak RSS <= 1.5 x idle + 200 MB; a second flood leaves it
+no bigger than the first did). The honest session's latency is printed beside its idle figure; the assert on it is
 loose (5x: the hostile client may share the verifier's cores, and wall-clock ratios belong
 in benchmarks), but it catches the stall this guards against: a verifier that kept dead
 nodes would answer the honest session orders of magnitude slower."""
@@ -26,7 +26,7 @@ from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 from cli_harness import verifier  # noqa: E402
 
 pytestmark = pytest.mark.slow
-FLOOD_S = 20.0
+FLOOD_S = 12.0  # each of two floods
 
 
 def _rss_mb(pid: int) -> float:
@@ -100,8 +100,26 @@ asyncio.run(main())
 """
 
 
+async def _flood(ch, proc, addr: str, vh: str, prompt: list[int]) -> tuple[list, float, float, int]:
+    """One hostile flood of FLOOD_S seconds while the honest client decodes: (its session
+    times, the verifier's peak RSS, its RSS 3 s after, nodes the flood sent)."""
+    hostile = subprocess.Popen([sys.executable, "-c", FLOOD, addr, vh, str(FLOOD_S),
+                                ",".join(map(str, prompt))], stdout=subprocess.PIPE, text=True)
+    await asyncio.sleep(1.0)  # the flood is under way
+    busy, peak, t_end = [], 0.0, time.monotonic() + FLOOD_S - 2
+    while time.monotonic() < t_end:
+        busy.append(await _honest(ch, vh, prompt))
+        peak = max(peak, _rss_mb(proc.p.pid))
+    out, _ = await asyncio.to_thread(hostile.communicate, timeout=60)
+    await asyncio.sleep(3)
+    return busy, peak, _rss_mb(proc.p.pid), int(out.strip())
+
+
 @pytest.mark.slow
 def test_a_hostile_client_costs_others_little(tmp_path):
+    """Two floods back to back. What the first leaves in the verifier's RSS is the allocator's
+    (freed memory it keeps for reuse); a verifier that kept dead nodes would grow again by
+    the second flood's millions of nodes, one that frees them stays where the first left it."""
     tok = Tokenizer.load(DEMO_TARGET)
     vh, prompt = tok.vocab_hash(), tok.encode("def main():\n")
     proc, addr = verifier("--emulate-step-ms", "5")
@@ -112,27 +130,23 @@ def test_a_hostile_client_costs_others_little(tmp_path):
                     await _honest(ch, vh, prompt)  # warm up
                 idle_rss = _rss_mb(proc.p.pid)
                 idle = [await _honest(ch, vh, prompt) for _ in range(8)]
-                hostile = subprocess.Popen(
-                    [sys.executable, "-c", FLOOD, addr, vh, str(FLOOD_S),
-                     ",".join(map(str, prompt))], stdout=subprocess.PIPE, text=True)
-                await asyncio.sleep(1.0)  # the flood is under way
-                busy, peak, t_end = [], idle_rss, time.monotonic() + FLOOD_S - 2
-                while time.monotonic() < t_end:
-                    busy.append(await _honest(ch, vh, prompt))
-                    peak = max(peak, _rss_mb(proc.p.pid))
-                out, _ = await asyncio.to_thread(hostile.communicate, timeout=60)
-                await asyncio.sleep(3)
-                return idle_rss, idle, busy, peak, _rss_mb(proc.p.pid), int(out.strip())
+                first = await _flood(ch, proc, addr, vh, prompt)
+                second = await _flood(ch, proc, addr, vh, prompt)
+                return idle_rss, idle, first, second
 
-        idle_rss, idle, busy, peak, after, sent = asyncio.run(go())
+        idle_rss, idle, (busy, peak1, after1, sent1), (busy2, peak2, after2, sent2) = \
+            asyncio.run(go())
         proc.stop()
-    report = (f"idle RSS {idle_rss:.0f} MB, peak {peak:.0f} MB, after {after:.0f} MB; honest "
-              f"16-token session median {statistics.median(idle) * 1000:.0f} ms idle, "
-              f"{statistics.median(busy) * 1000:.0f} ms under flood ({len(busy)} sessions); "
-              f"{sent:,} dead nodes sent")
+    report = (f"idle RSS {idle_rss:.0f} MB; flood 1: peak {peak1:.0f} MB, after {after1:.0f} MB, "
+              f"{sent1:,} dead nodes; flood 2: peak {peak2:.0f} MB, after {after2:.0f} MB, "
+              f"{sent2:,} dead nodes; honest 16-token session median "
+              f"{statistics.median(idle) * 1000:.0f} ms idle, "
+              f"{statistics.median(busy + busy2) * 1000:.0f} ms under flood "
+              f"({len(busy) + len(busy2)} sessions)")
     print(report)
     (tmp_path / "report.txt").write_text(report)
-    assert sent > 1_000_000, report  # the flood really ran
-    assert peak <= 1.5 * idle_rss + 200, report
-    assert after <= 1.1 * idle_rss, report
-    assert statistics.median(busy) <= 5 * statistics.median(idle), report
+    assert min(sent1, sent2) > 1_000_000, report  # the floods really ran
+    assert max(peak1, peak2) <= 1.5 * idle_rss + 200, report
+    assert after1 <= 1.25 * idle_rss, report  # what the allocator keeps is bounded
+    assert after2 <= after1 + 0.05 * idle_rss, report  # and the second flood adds nothing
+    assert statistics.median(busy + busy2) <= 5 * statistics.median(idle), report
