@@ -102,14 +102,17 @@ def run_tests() -> int:
     """The kernel test files, natively on the GPU (no interpreter)."""
     import subprocess
 
-    env = dict(os.environ, ACESPEC_TRITON_GPU="1")
+    from acespec.procs import SAFE_PATH_VAR, python_module
+
+    # The tests run from the repository root: keep it off sys.path (docs/design.md §2).
+    env = dict(os.environ, ACESPEC_TRITON_GPU="1", **{SAFE_PATH_VAR: "1"})
     env.pop("TRITON_INTERPRET", None)
     tests = [t for t in ("tests/kernels/test_kernels.py", "tests/kernels/test_kernels_verifier.py")
              if os.path.isfile(t)]
     if not tests:
         print("kernel tests not found (run from the repository root); skipping them")
         return 0
-    return subprocess.call([sys.executable, "-m", "pytest", "-q", *tests], env=env)
+    return subprocess.call([*python_module("pytest"), "-q", *tests], env=env)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 PY=${PYTHON:-python}
+export PYTHONSAFEPATH=1  # run from the repository root: keep it off sys.path (docs/design.md §2)
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 "$PY" -m acespec.kernels.gpucheck 2>&1 | tee "$OUT/gpucheck.txt"
 "$PY" -m acespec.cloud profile --random llama-8b --device cuda --dtype bfloat16 --tp 1 \
