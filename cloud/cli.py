@@ -60,7 +60,7 @@ def add_parser(sub) -> None:
     s.add_argument("--metrics-port", type=port_number,
                    help="serve Prometheus metrics on this port (bound to --host)")
     s.add_argument("--emulate-step-ms", metavar="T0[,PER_NODE]",
-                   help="TESTBED: add T0 ms (+ PER_NODE ms per node) to every forward pass, "
+                   help="TESTBED: add T0 ms (+ PER_NODE ms per node) to every pass of the target, "
                    "to emulate a big model's step time on a small target")
     s.add_argument("--grace", type=float, default=10.0, help="shutdown drain seconds")
     s.set_defaults(func=run_serve)
@@ -79,7 +79,7 @@ def add_parser(sub) -> None:
     lt.set_defaults(func=run_loadtest)
     pr = csub.add_parser(
         "profile", help="pass time vs nodes scored, one device and tensor-parallel side by side",
-        description="Time the target's forward pass (a chain of N new nodes after a "
+        description="Time a pass of the target (a chain of N new nodes after a "
         "--context-token prefix, as the batcher runs it) for each --nodes and each --tp, "
         "with the all-reduce bytes a pass moves. Prints a markdown table (or JSON).")
     _target_flags(pr)

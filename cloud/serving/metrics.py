@@ -11,7 +11,8 @@ class Metrics:
     sessions_opened: object
     sessions_active: object
     nodes_scored: object
-    forward_passes: object
+    passes: object
+    forward_passes: object  # deprecated alias of passes, for one release
     batch_nodes: object
     batch_sessions: object
     message_bytes: object
@@ -30,10 +31,13 @@ class Metrics:
             sessions_opened=Counter("acespec_sessions_opened", "Sessions opened", registry=r),
             sessions_active=Gauge("acespec_sessions_active", "Sessions open now", registry=r),
             nodes_scored=Counter("acespec_nodes_scored", "Tree nodes scored", registry=r),
-            forward_passes=Counter("acespec_forward_passes", "Target forward passes", registry=r),
-            batch_nodes=Histogram("acespec_batch_nodes", "Nodes per forward pass", registry=r,
+            passes=Counter("acespec_passes", "Passes of the target (one forward over every "
+                           "session it scores)", registry=r),
+            forward_passes=Counter("acespec_forward_passes", "Deprecated alias of "
+                                   "acespec_passes, kept for one release", registry=r),
+            batch_nodes=Histogram("acespec_batch_nodes", "Nodes per pass", registry=r,
                                   buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)),
-            batch_sessions=Histogram("acespec_batch_sessions", "Requests per forward pass",
+            batch_sessions=Histogram("acespec_batch_sessions", "Requests per pass",
                                      registry=r, buckets=(1, 2, 4, 8, 16, 32, 64)),
             message_bytes=Counter("acespec_message_bytes", "Serialized protobuf bytes",
                                   ["direction"], registry=r),
@@ -57,6 +61,7 @@ class Metrics:
             self.gap_seconds.inc(gap_s)
 
     def on_pass(self, stats) -> None:
+        self.passes.inc()
         self.forward_passes.inc()
         self.nodes_scored.inc(stats.nodes)
         self.batch_nodes.observe(stats.nodes)

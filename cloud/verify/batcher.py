@@ -54,7 +54,7 @@ class Batcher:
         self._queue: asyncio.Queue[tuple[Request, asyncio.Future]] = asyncio.Queue()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target")
         self._task: asyncio.Task | None = None
-        self.forward_passes = 0
+        self.passes = 0
         self.requests_scored = 0
 
     async def score(self, req: Request) -> torch.Tensor:
@@ -103,7 +103,7 @@ class Batcher:
         delay = self.emulation.seconds(nodes)
         if delay:  # on top of the real compute, as a big model's step would be
             time.sleep(delay)
-        self.forward_passes += 1
+        self.passes += 1
         self.requests_scored += len(batch)
         stats = PassStats(len(batch), nodes, time.perf_counter() - t0)
         for (_, fut), res in zip(batch, results):

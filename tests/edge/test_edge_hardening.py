@@ -120,7 +120,7 @@ async def poll(cond, timeout: float = 10.0, step: float = 0.02) -> bool:
 
 
 def passes(engine: Engine) -> float:
-    return engine.metrics.registry.get_sample_value("acespec_forward_passes_total") or 0.0
+    return engine.metrics.registry.get_sample_value("acespec_passes_total") or 0.0
 
 
 def no_eos_prompt(model, tok: Tokenizer, n: int) -> tuple[str, list[int]]:
