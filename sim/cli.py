@@ -43,10 +43,19 @@ def add_bench_parser(sub) -> None:
         "passes/token, the ideal bound and speedups over ar and sd.\n\n"
         "  acespec bench calibrate --out costs.json   measure the discrete-event model's costs\n"
         "  acespec bench sweep --calibration costs.json [--accept 0.8]   sweep it (_lone columns:\n"
-        "      the decided modes' passes no edge draft covered, of all passes)",
+        "      the decided modes' passes no edge draft covered, of all passes)\n"
+        "  acespec bench hostile   an honest client's tok/s alone and beside wasteful, "
+        "long-prompt\n      and honest peers, on one verifier",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("what", nargs="?", default="run", choices=["run", "calibrate", "sweep"],
-                   help="run the real benchmark (default), calibrate the model, or sweep it")
+    b.add_argument("what", nargs="?", default="run",
+                   choices=["run", "calibrate", "sweep", "hostile"],
+                   help="run the real benchmark (default), calibrate the model, sweep it, or "
+                   "measure what hostile and heavy clients cost an honest one (hostile)")
+    b.add_argument("--scenarios", default="alone,peer,waste1,waste4,long2",
+                   help="hostile: beside an honest `edge generate` (acespec mode, greedy, "
+                   "--max-tokens, on 5 code prompts): alone, peerN (N honest clients), "
+                   "wasteN (N clients extending 256 random nodes per round), longN (N clients "
+                   "opening sessions on 4,000-token prompts) (default: %(default)s)")
     b.add_argument("--calibration", help="sweep: costs JSON from 'bench calibrate'")
     b.add_argument("--accept", type=float, help="sweep: per-position acceptance (default: "
                    "the calibrated pair's)")
@@ -133,6 +142,8 @@ def run_bench_cli(args) -> int:
         return _calibrate(args)
     if args.what == "sweep":
         return _sweep(args)
+    if args.what == "hostile":
+        return _hostile(args)
     import asyncio
     import json
 
@@ -185,6 +196,45 @@ def run_bench_cli(args) -> int:
     if args.plot:
         for f in plot(summary, cats, args.plot):
             print(f"plot: {f}")
+    return 0
+
+
+def _hostile(args) -> int:
+    import asyncio
+
+    from acespec.sim import hostile
+    from acespec.sim.bench import BenchConfig, _verifier_process
+
+    try:
+        scenarios = [hostile.Scenario.parse(x) for x in args.scenarios.split(",")]
+        cfg = BenchConfig(links=(), modes=("acespec",), max_tokens=args.max_tokens,
+                          emulate=args.emulate_step_ms, propose=args.propose,
+                          dtype=args.dtype, linear=args.linear)
+    except ValueError as e:
+        print(f"acespec bench: error: {e}", file=sys.stderr)
+        return 2
+    from acespec.models import DEMO_TARGET
+    from acespec.shared.tokenizer import Tokenizer
+
+    pair_args = ["--drafter", args.drafter]
+    vh = Tokenizer.load(args.model or DEMO_TARGET).vocab_hash()
+
+    async def main() -> list[dict]:
+        async with _verifier_process(cfg, args.model) as start:
+            async with start(None) as (host, port, _):
+                return await asyncio.to_thread(
+                    hostile.run, scenarios, f"{host}:{port}", vh, list(hostile.HONEST_PROMPTS),
+                    args.max_tokens, pair_args, lambda m: print(m, file=sys.stderr))
+
+    rows = asyncio.run(main())
+    print(f"profile: --emulate-step-ms {cfg.emulate}, --propose {cfg.propose}, honest "
+          f"`edge generate` (acespec, greedy), {args.max_tokens} tokens, "
+          f"{len(hostile.HONEST_PROMPTS)} prompts per scenario")
+    print(hostile.markdown(rows))
+    if args.out:
+        import json
+
+        Path(args.out).write_text(json.dumps({"runs": rows}, indent=1))
     return 0
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+SESSION_LABEL = 12  # hex digits of a session id in per-session labels
 
 
 @dataclass
@@ -20,6 +22,10 @@ class Metrics:
     allreduce_bytes: object
     proposals: object
     gap_seconds: object
+    session_share: object
+    session_efficiency: object
+    speculative_nodes: object
+    _counted: dict = field(default_factory=dict)  # session id -> (accepted, wasted) counted
 
     @classmethod
     def create(cls) -> Metrics:
@@ -50,7 +56,36 @@ class Metrics:
                               "(scored, accepted)", ["source", "fate"], registry=r),
             gap_seconds=Counter("acespec_gap_seconds", "Seconds the gap drafter spent "
                                 "decoding proposals", registry=r),
+            session_share=Gauge("acespec_session_share", "Speculative nodes per pass a "
+                                "session has earned (docs/design.md §6.3), by session id "
+                                "prefix; gone when the session ends", ["session"], registry=r),
+            session_efficiency=Gauge("acespec_session_efficiency", "A session's recent "
+                                     "accepted tokens per speculative node scored",
+                                     ["session"], registry=r),
+            speculative_nodes=Counter("acespec_speculative_nodes", "Speculative nodes "
+                                      "scored, by fate: accepted, or wasted (never taken)",
+                                      ["fate"], registry=r),
         )
+
+    def on_share(self, session_id: str, share) -> None:
+        """A session's share after its pass (acespec.cloud.verify.share.Share)."""
+        label = session_id[:SESSION_LABEL]
+        self.session_share.labels(label).set(share.nodes())
+        self.session_efficiency.labels(label).set(round(share.efficiency, 4))
+        accepted, wasted = share.total_accepted, share.wasted
+        seen_a, seen_w = self._counted.get(session_id, (0, 0))
+        self.speculative_nodes.labels("accepted").inc(max(0, accepted - seen_a))
+        self.speculative_nodes.labels("wasted").inc(max(0, wasted - seen_w))
+        self._counted[session_id] = (accepted, wasted)
+
+    def drop_share(self, session_id: str) -> None:
+        label = session_id[:SESSION_LABEL]
+        self._counted.pop(session_id, None)
+        for gauge in (self.session_share, self.session_efficiency):
+            try:
+                gauge.remove(label)
+            except KeyError:
+                pass
 
     def on_proposals(self, source: str, scored: int, accepted: int, gap_s: float) -> None:
         """One pass's own proposals (acespec.cloud.verify.decided): what was scored and taken."""

@@ -1,19 +1,22 @@
 """Runs the target for many sessions: pending requests are scored together in one forward
-pass (continuous batching at request granularity), one pass at a time, in a worker thread
-so the event loop keeps serving streams."""
+pass, one pass at a time, in a worker thread so the event loop keeps serving streams. A
+pass takes a bounded chunk of each request (docs/design.md §6.3): a session's earned share
+of nodes, and of a prompt what the pass's prefill budget allows."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from acespec.cloud.errors import Unavailable
 from acespec.cloud.target.model import Request, Transformer
+from acespec.cloud.verify.proposals import PassCost
 
 log = logging.getLogger(__name__)
 
@@ -44,72 +47,226 @@ class PassStats:
     sessions: int
     nodes: int
     seconds: float
+    prefill: int = 0  # of the nodes, prompt tokens (chunks of prefills)
+
+
+PREFILL_SLACK = 0.25  # a prefill chunk may make a pass with other sessions this much longer
+PREFILL_MIN = 16  # ... but always carries this many prompt tokens
+RECENT_S = 1.0  # a sequence scored this recently counts as decoding: a prefill yields to it
+GATHER_S = 0.01  # after a pass, wait up to this long for the sequences that come straight
+# back (a decided session's next pass: their measured gap is below it), so the next pass
+# holds them too instead of running without them and making them wait a whole pass
+GAP_DECAY = 0.8  # per request: a sequence's gap between its result and its next request
+
+
+@dataclass
+class Job:
+    """One request in the scheduler: scored in chunks, one per pass, of at most its
+    sequence's grant (acespec.cloud.verify.share) and the pass's budgets."""
+
+    req: Request
+    fut: asyncio.Future
+    grant: Callable[[], int] | None  # nodes per pass; None: all at once
+    start: int = -1  # the sequence's KV length before the first chunk (-1: none yet)
+    done: int = 0  # nodes scored so far
+    rows: list = field(default_factory=list)  # logits of the chunks so far
+
+    @property
+    def key(self) -> int:
+        return id(self.req.cache)  # one sequence: its chunks and requests go in order
+
+    @property
+    def prefill(self) -> bool:
+        return self.req.last_only
+
+    @property
+    def left(self) -> int:
+        return len(self.req.tokens) - self.done
 
 
 class Batcher:
+    """Continuous batching at node granularity. Each pass takes, from every queued
+    sequence in arrival order, the next chunk of its oldest request: at most its grant
+    (the session's earned share) and, for a prompt (a last_only request), the pass's prefill
+    budget, within max_batch_nodes. A long prompt is thus prefilled in chunks between other
+    sessions' decode passes (the Sarathi/vLLM technique), and a session that sends more
+    than it earns waits for later passes instead of slowing everyone's."""
+
     def __init__(self, model: Transformer, max_batch_nodes: int = 1024,
                  emulation: StepEmulation = StepEmulation(), on_pass=None):
         self.model, self.max_batch_nodes, self.emulation = model, max_batch_nodes, emulation
         self.on_pass = on_pass  # callback(PassStats) for metrics
-        self._queue: asyncio.Queue[tuple[Request, asyncio.Future]] = asyncio.Queue()
+        self.cost = PassCost()  # seconds per pass by its nodes, measured here
+        self._jobs: list[Job] = []
+        self._wake = asyncio.Event()
+        self._arrived = asyncio.Event()  # a request came in (for the gather after a pass)
+        self._resolved: dict[int, float] = {}  # sequence key -> when its last result went out
+        self._gap: dict[int, float] = {}  # sequence key -> its typical gap, seconds
+        self._recent: dict[int, float] = {}  # sequence key -> when a decode chunk last ran
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target")
         self._task: asyncio.Task | None = None
         self.passes = 0
         self.requests_scored = 0
 
-    async def score(self, req: Request) -> torch.Tensor:
-        """Logits for one request, scored in the next pass."""
+    async def score(self, req: Request, grant: Callable[[], int] | None = None
+                    ) -> torch.Tensor:
+        """Logits for one request ([n, V], or [1, V] with last_only), scored in the next
+        passes. grant: how many of its nodes one pass may score (None: all)."""
+        loop = asyncio.get_running_loop()
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._worker())
-        fut = asyncio.get_running_loop().create_future()
-        await self._queue.put((req, fut))
-        return await fut
+            self._task = loop.create_task(self._worker())
+        job = Job(req, loop.create_future(), grant)
+        self._jobs.append(job)
+        if (done := self._resolved.pop(job.key, None)) is not None:
+            gap = time.perf_counter() - done
+            self._gap[job.key] = GAP_DECAY * self._gap.get(job.key, gap) + (1 - GAP_DECAY) * gap
+        self._wake.set()
+        self._arrived.set()
+        return await job.fut
 
     async def _worker(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = await self._next_batch()
-            if batch:
-                nodes = sum(len(r.tokens) for r, _ in batch)
-                await loop.run_in_executor(self._pool, self._run, batch, nodes)
+            await self._wake.wait()
+            plan = self._plan()
+            if not plan:
+                self._wake.clear()
+                continue
+            await loop.run_in_executor(self._pool, self._run, plan)
+            back = self._settle(plan)
             # Drop the requests now, not when the next one arrives: each holds its KV cache,
             # whose blocks go back to the pool (which may then shrink) only once unreferenced.
-            batch = None
+            plan = None
+            await self._gather(back)
 
-    async def _next_batch(self) -> list[tuple[Request, asyncio.Future]]:
-        """The queued requests, up to max_batch_nodes, less those whose caller gave up."""
-        batch = [await self._queue.get()]
-        nodes = len(batch[0][0].tokens)
-        while not self._queue.empty() and nodes < self.max_batch_nodes:
-            item = self._queue.get_nowait()
-            batch.append(item)
-            nodes += len(item[0].tokens)
-        return [(r, f) for r, f in batch if not f.cancelled()]
+    async def _gather(self, back: set[int]) -> None:
+        """Wait (up to GATHER_S) until the sequences in `back` have queued again."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GATHER_S
+        while back - {j.key for j in self._jobs}:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                return
 
-    def _run(self, batch, nodes: int) -> None:
+    def _plan(self) -> list[tuple[Job, Request]]:
+        """The next pass: (job, chunk) per queued sequence, in arrival order."""
+        self._drop_cancelled()
+        now = time.perf_counter()
+        self._recent = {k: t for k, t in self._recent.items() if now - t < RECENT_S}
+        self._resolved = {k: t for k, t in self._resolved.items() if now - t < RECENT_S}
+        self._gap = {k: g for k, g in self._gap.items() if k in self._recent or
+                     k in self._resolved or any(j.key == k for j in self._jobs)}
+        seen: set[int] = set()
+        heads = [j for j in self._jobs if not (j.key in seen or seen.add(j.key))]
+        room = self.max_batch_nodes
+        decode = [j for j in heads if not j.prefill]
+        plan = []
+        for job in decode:
+            n = min(job.left, room, job.grant() if job.grant else job.left)
+            if n > 0:
+                plan.append((job, n))
+                room -= n
+        prefill_room = self._prefill_budget(heads, sum(n for _, n in plan))
+        for job in (j for j in heads if j.prefill):
+            n = min(job.left, room, prefill_room)
+            if n > 0:
+                plan.append((job, n))
+                room, prefill_room = room - n, prefill_room - n
+        return [(job, self._chunk(job, n)) for job, n in plan]
+
+    def _prefill_budget(self, heads: list[Job], decode_nodes: int) -> int:
+        """Prompt tokens this pass may carry. Alone (no other sequence scored within
+        RECENT_S), a prompt goes in whole; beside decoding sessions, as many tokens as keep
+        the pass within 1 + PREFILL_SLACK of its cost without them (the measured line of
+        self.cost), and at least PREFILL_MIN."""
+        keys = {j.key for j in heads if j.prefill}
+        others = decode_nodes or any(k not in keys for k in self._recent)
+        if not others:
+            return self.max_batch_nodes
+        base, per_node = self.cost.fit()
+        if per_node <= 0:
+            return self.max_batch_nodes
+        spare = PREFILL_SLACK * (base + per_node * max(decode_nodes, 1)) / per_node
+        return max(PREFILL_MIN, int(spare))
+
+    @staticmethod
+    def _chunk(job: Job, n: int) -> Request:
+        r, end = job.req, job.done + n
+        if job.start < 0:
+            job.start = r.cache.length
+        parents = None if r.parents is None else list(r.parents[job.done:end])
+        return Request(list(r.tokens[job.done:end]), r.cache, parents, r.last_only)
+
+    def _drop_cancelled(self) -> None:
+        """Forget requests whose caller gave up, with any chunks of them already in the KV."""
+        for job in [j for j in self._jobs if j.fut.done()]:
+            self._jobs.remove(job)
+            if job.start >= 0 and job.left:
+                job.req.cache.truncate(job.start)
+
+    def _settle(self, plan: list[tuple[Job, Request | BaseException]]) -> set[int]:
+        """After a pass: finished (or failed) requests get their logits (or error).
+        Returns the sequences expected straight back (their gap is below GATHER_S)."""
+        now, back = time.perf_counter(), set()
+        for job, out in plan:
+            if not job.prefill:
+                self._recent[job.key] = now
+            if isinstance(out, BaseException):
+                if job.start >= 0:
+                    job.req.cache.truncate(job.start)  # its earlier chunks too
+                self._finish(job, out)
+            elif job.left == 0:
+                self._finish(job, out if len(job.rows) == 1 else torch.cat(job.rows))
+                self._resolved[job.key] = now
+                if self._gap.get(job.key, GATHER_S) < GATHER_S:
+                    back.add(job.key)
+        return back
+
+    def _finish(self, job: Job, result) -> None:
+        if job in self._jobs:
+            self._jobs.remove(job)
+        self.requests_scored += 1
+        _resolve(job.fut, result)
+
+    def _run(self, plan: list) -> None:
+        """One pass over the planned chunks (in the worker thread). Each plan entry's
+        chunk is replaced by its logits or its error."""
+        chunks = [chunk for _, chunk in plan]
+        nodes = sum(len(c.tokens) for c in chunks)
         t0 = time.perf_counter()
         try:
-            results = self.model.forward_batch([r for r, _ in batch])
+            results = self.model.forward_batch(chunks)
         except Unavailable as e:  # no pass can run (a lost rank): every request fails alike
-            results = [e] * len(batch)
+            results = [e] * len(chunks)
         except Exception:  # one bad request must not fail the others: retry one by one
-            log.exception("batched forward failed; retrying %d requests separately", len(batch))
+            log.exception("batched forward failed; retrying %d requests separately",
+                          len(chunks))
             results = []
-            for r, _ in batch:
+            for c in chunks:
                 try:
-                    results.append(self.model.forward_batch([r])[0])
+                    results.append(self.model.forward_batch([c])[0])
                 except Exception as e:  # noqa: BLE001 - delivered to that request only
                     results.append(e)
         delay = self.emulation.seconds(nodes)
         if delay:  # on top of the real compute, as a big model's step would be
             time.sleep(delay)
+        seconds = time.perf_counter() - t0
         self.passes += 1
-        self.requests_scored += len(batch)
-        stats = PassStats(len(batch), nodes, time.perf_counter() - t0)
-        for (_, fut), res in zip(batch, results):
-            fut.get_loop().call_soon_threadsafe(_resolve, fut, res)
+        self.cost.observe(nodes, seconds)
+        for i, ((job, chunk), res) in enumerate(zip(plan, results)):
+            if not isinstance(res, BaseException):
+                job.done += len(chunk.tokens)
+                if not job.req.last_only or job.left == 0:
+                    job.rows.append(res)
+            plan[i] = (job, res)
+        prefill = sum(len(c.tokens) for c in chunks if c.last_only)
         if self.on_pass:
-            self.on_pass(stats)
+            self.on_pass(PassStats(len(chunks), nodes, seconds, prefill))
 
     async def close(self) -> None:
         if self._task:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acespec.cloud.errors import InvalidArgument, ResourceExhausted
+from acespec.cloud.verify.share import Share
 from acespec.shared.coupled import coupled_target
 from acespec.shared.lookup import lookup_order
 from acespec.shared.served import ServeParams, sample_served, served
@@ -120,6 +121,7 @@ class DecidedSession:
         self.walked: list[int] = []  # pass indices of the nodes the last walk accepted
         self._lone = False  # the pass in flight had no edge draft at the decided end
         self.proposal_room = 0  # proposals the planned (lone) pass still has room for
+        self.share = Share(limits.pass_nodes)  # nodes per pass it earns (cloud.verify.share)
         self.gap = None  # the gap drafter's state for this session (acespec.cloud.verify.gap), if any
         self.acked, self.acked_at = 0, 0.0  # uplink messages applied; the last one's arrival
 
@@ -220,24 +222,28 @@ class DecidedSession:
 
     # -- passes -----------------------------------------------------------------
 
-    def plan_pass(self, lookup_proposals: bool = True) -> list[int]:
+    def plan_pass(self, lookup_proposals: bool = True, budget: int | None = None
+                  ) -> list[int]:
         """Tokens of the next pass: the last decided token (not in the KV yet), then the
-        pending tree in id order (parents first), within the pass and context limits. A pass
-        no draft covers has room for `proposal_room` of the verifier's own proposals: prompt
-        lookup fills it here unless the caller brings its own (add_proposals: a gap drafter)."""
+        pending tree in id order (parents first), within the pass and context limits and
+        `budget` nodes besides the first (the session's share). A pass no draft covers has
+        room for `proposal_room` of the verifier's own proposals: prompt lookup fills it
+        here unless the caller brings its own (add_proposals: a gap drafter)."""
         reach = min(self.limits.context - 1,
                     self.prompt_len + self.limits.max_tokens - 1)  # last position worth scoring
+        pass_nodes = self.limits.pass_nodes if budget is None else \
+            min(self.limits.pass_nodes, budget)
         fed: dict[int, int] = {}  # node id -> index in the pass
         for nid in self.live:
             node = self.nodes[nid]
-            if len(fed) >= self.limits.pass_nodes or node.position >= reach:
+            if len(fed) >= pass_nodes or node.position >= reach:
                 continue
             if node.parent in fed or self.nodes.get(node.parent, _TOP).state == MATCHED:
                 fed[nid] = len(fed)
         self._in_pass = list(fed)
         self._lone = not fed  # a pending node with a decided parent sits at the decided end
         self.proposal_room = (max(0, min(self.limits.propose, reach - self.end,
-                                         self.limits.pass_nodes - len(fed)))
+                                         pass_nodes - len(fed)))
                               if self._lone else 0)
         if lookup_proposals and self.proposal_room:
             self.add_proposals(self.looked_up()[0])

@@ -87,6 +87,7 @@ class Engine:
         on_pass = self.metrics.on_pass if self.metrics else None
         self.batcher = Batcher(self.model, self.limits.max_batch_nodes, self.emulation, on_pass)
         self.sessions: dict[str, TreeSession] = {}
+        self._ids: dict[int, str] = {}  # id(session) -> its session id, for the metrics
         self.depth = Depth(max(1, self.limits.propose))  # lone passes' proposals worth scoring
         self.generating = 0  # Generate calls running now
         if self.metrics:
@@ -124,12 +125,11 @@ class Engine:
         live = min(max_live_nodes or self.limits.max_live_nodes, self.limits.max_live_nodes)
         session = TreeSession(self.model, params, seed, live, self.limits.max_tail_per_node)
         req = session.plan_open(prompt)
-        session_id = uuid.uuid4().hex
-        self.sessions[session_id] = session
+        session_id = self._register(session)
         try:
             root = session.finish_open(await self.batcher.score(req))
         except BaseException:
-            self.sessions.pop(session_id, None)
+            self.close(session_id)
             raise
         return OpenResult(session_id, session, root, live)
 
@@ -155,21 +155,20 @@ class Engine:
         session.cache = self.model.new_cache(len(prompt) + 64)
         if gap and self.gap and self.limits.propose:
             session.gap = self.gap.open()
-        session_id = uuid.uuid4().hex
-        self.sessions[session_id] = session
+        session_id = self._register(session)
         try:
             t0 = time.perf_counter()
             logits = await self.batcher.score(Request(list(prompt), session.cache, None,
                                                       last_only=True))
         except BaseException:
-            self.sessions.pop(session_id, None)
+            self.close(session_id)
             raise
         _, first = session.finish_prefill(logits[-1].cpu().numpy(), time.perf_counter() - t0)
         return session_id, session, first
 
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
         """One forward pass of a decided session: (first position, decided tokens)."""
-        tokens = session.plan_pass(lookup_proposals=False)
+        tokens = session.plan_pass(lookup_proposals=False, budget=session.share.nodes())
         lone = await self._lone_proposals(session, len(tokens)) \
             if session.proposal_room else None
         if lone:
@@ -183,6 +182,8 @@ class Engine:
         pass_s = time.perf_counter() - t0  # what one pass saved is worth
         self.depth.cost.observe(len(tokens), pass_s)
         start, new = session.finish_pass(logits.cpu().numpy(), pass_s)
+        session.share.settle(len(tokens) - 1, len(session.walked))
+        self._report_share(session)
         if lone:
             self._settle_proposals(lone, session.counts.proposed - before[0],
                                    session.counts.proposed_accepted - before[1], new, pass_s)
@@ -241,7 +242,7 @@ class Engine:
                 reqs.append(session.plan_extend(fid, tokens, parents))
             merged = Request([t for r in reqs for t in r.tokens], session.cache,
                              [p for r in reqs for p in r.parents])
-            logits = await self.batcher.score(merged)
+            logits = await self.batcher.score(merged, session.share.grant)
         except BaseException:
             session.abandon(first_id, sum(len(t) for _, t, _ in extends))
             raise
@@ -249,12 +250,28 @@ class Engine:
         for fid, tokens, _ in extends:
             out.append(session.finish_extend(fid, logits[offset:offset + len(tokens)]))
             offset += len(tokens)
+        self._report_share(session)
         return out
+
+    def _report_share(self, session) -> None:
+        if self.metrics:
+            self.metrics.on_share(self._ids.get(id(session), "?"), session.share)
+
+    def _register(self, session) -> str:
+        session_id = uuid.uuid4().hex
+        self.sessions[session_id] = session
+        self._ids[id(session)] = session_id
+        return session_id
 
     def close(self, session_id: str | None) -> None:
         """Free a session's KV (on end, error or disconnect)."""
-        if session_id is not None:
-            self.sessions.pop(session_id, None)
+        if session_id is None:
+            return
+        session = self.sessions.pop(session_id, None)
+        if session is not None:
+            self._ids.pop(id(session), None)
+            if self.metrics:
+                self.metrics.drop_share(session_id)
 
     async def generate(self, prompt: Sequence[int], params: ServeParams, seed: int,
                        max_tokens: int = 0, stop: Sequence[int] = ()) -> AsyncIterator[int]:
@@ -305,6 +322,7 @@ class Engine:
 
     async def close_all(self) -> None:
         self.sessions.clear()
+        self._ids.clear()
         await self.batcher.close()
         if self.gap:
             self.gap.close()

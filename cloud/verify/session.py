@@ -16,6 +16,7 @@ import torch
 
 from acespec.cloud.errors import InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from acespec.cloud.target.model import Request, Transformer
+from acespec.cloud.verify.share import Share
 from acespec.shared.served import (
     NodeScore,
     ServedDist,
@@ -47,6 +48,7 @@ class TreeSession:
         self.root = 0
         self.next_id = 0
         self.pending = 0  # nodes planned for the next forward pass, not yet in the cache
+        self.share = Share(max_live_nodes)  # nodes per pass it earns (acespec.cloud.verify.share)
 
     @property
     def live_nodes(self) -> int:
@@ -98,6 +100,7 @@ class TreeSession:
 
     def finish_extend(self, first_id: int, logits: torch.Tensor) -> list[NodeScore]:
         self.pending = 0
+        self.share.settle(len(logits))
         if self._encoder():
             return self._score_encoded(first_id, logits)
         rows = logits.cpu().numpy()
@@ -123,6 +126,7 @@ class TreeSession:
             raise NotFound(f"Commit: node {node_id} is not live")
         if self.nodes[node_id].dist is None:
             raise InvalidArgument(f"Commit: node {node_id} has not been scored")
+        self.share.accept(self.nodes[node_id].position - self.nodes[self.root].position)
         keep = {node_id}
         for nid in sorted(self.nodes):
             if nid > node_id and self.nodes[nid].parent in keep:
