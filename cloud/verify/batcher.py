@@ -11,10 +11,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
 
 import torch
 
 from acespec.cloud.errors import Unavailable
+from acespec.cloud.target.kv_cache import KVCache
 from acespec.cloud.target.model import Request, Transformer
 from acespec.cloud.verify.proposals import PassCost
 
@@ -52,6 +54,7 @@ class PassStats:
 
 PREFILL_SLACK = 0.25  # a prefill chunk may make a pass with other sessions this much longer
 PREFILL_MIN = 16  # ... but always carries this many prompt tokens
+PREFILL_ALONE_S = 0.25  # with no other session decoding, a prefill pass's most seconds
 RECENT_S = 1.0  # a sequence scored this recently counts as decoding: a prefill yields to it
 GATHER_S = 0.01  # after a pass, wait up to this long for the sequences that come straight
 # back (a decided session's next pass: their measured gap is below it), so the next pass
@@ -72,8 +75,8 @@ class Job:
     rows: list = field(default_factory=list)  # logits of the chunks so far
 
     @property
-    def key(self) -> int:
-        return id(self.req.cache)  # one sequence: its chunks and requests go in order
+    def key(self) -> KVCache:
+        return self.req.cache  # one sequence: its chunks and requests go in order
 
     @property
     def prefill(self) -> bool:
@@ -100,9 +103,11 @@ class Batcher:
         self._jobs: list[Job] = []
         self._wake = asyncio.Event()
         self._arrived = asyncio.Event()  # a request came in (for the gather after a pass)
-        self._resolved: dict[int, float] = {}  # sequence key -> when its last result went out
-        self._gap: dict[int, float] = {}  # sequence key -> its typical gap, seconds
-        self._recent: dict[int, float] = {}  # sequence key -> when a decode chunk last ran
+        # Per sequence (weakly: a closed session's cache is gone with it): when its last
+        # result went out, its typical gap until its next request, when it last decoded.
+        self._resolved: WeakKeyDictionary[KVCache, float] = WeakKeyDictionary()
+        self._gap: WeakKeyDictionary[KVCache, float] = WeakKeyDictionary()
+        self._recent: WeakKeyDictionary[KVCache, float] = WeakKeyDictionary()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target")
         self._task: asyncio.Task | None = None
         self.passes = 0
@@ -139,7 +144,7 @@ class Batcher:
             plan = None
             await self._gather(back)
 
-    async def _gather(self, back: set[int]) -> None:
+    async def _gather(self, back: set[KVCache]) -> None:
         """Wait (up to GATHER_S) until the sequences in `back` have queued again."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + GATHER_S
@@ -157,14 +162,14 @@ class Batcher:
         """The next pass: (job, chunk) per queued sequence, in arrival order."""
         self._drop_cancelled()
         now = time.perf_counter()
-        self._recent = {k: t for k, t in self._recent.items() if now - t < RECENT_S}
-        self._resolved = {k: t for k, t in self._resolved.items() if now - t < RECENT_S}
-        self._gap = {k: g for k, g in self._gap.items() if k in self._recent or
-                     k in self._resolved or any(j.key == k for j in self._jobs)}
-        seen: set[int] = set()
+        for times in (self._recent, self._resolved):
+            for k in [k for k, t in times.items() if now - t >= RECENT_S]:
+                del times[k]
+        seen: set[KVCache] = set()
         heads = [j for j in self._jobs if not (j.key in seen or seen.add(j.key))]
         room = self.max_batch_nodes
         decode = [j for j in heads if not j.prefill]
+        prefill = sorted((j for j in heads if j.prefill), key=lambda j: j.left)  # short first
         plan = []
         for job in decode:
             n = min(job.left, room, job.grant() if job.grant else job.left)
@@ -172,7 +177,7 @@ class Batcher:
                 plan.append((job, n))
                 room -= n
         prefill_room = self._prefill_budget(heads, sum(n for _, n in plan))
-        for job in (j for j in heads if j.prefill):
+        for job in prefill:
             n = min(job.left, room, prefill_room)
             if n > 0:
                 plan.append((job, n))
@@ -180,18 +185,20 @@ class Batcher:
         return [(job, self._chunk(job, n)) for job, n in plan]
 
     def _prefill_budget(self, heads: list[Job], decode_nodes: int) -> int:
-        """Prompt tokens this pass may carry. Alone (no other sequence scored within
-        RECENT_S), a prompt goes in whole; beside decoding sessions, as many tokens as keep
-        the pass within 1 + PREFILL_SLACK of its cost without them (the measured line of
-        self.cost), and at least PREFILL_MIN."""
-        keys = {j.key for j in heads if j.prefill}
-        others = decode_nodes or any(k not in keys for k in self._recent)
-        if not others:
-            return self.max_batch_nodes
+        """Prompt tokens this pass may carry, by the measured line of self.cost (at least
+        PREFILL_MIN). Beside other sessions (another queued now, or one that decoded within
+        RECENT_S), as many as keep the pass within 1 + PREFILL_SLACK of its cost without
+        them; alone, as many as fit in PREFILL_ALONE_S, so a session that arrives meanwhile
+        waits no longer than that."""
+        keys = {j.key for j in heads}
+        others = decode_nodes > 0 or len(keys) > 1 or any(k not in keys for k in self._recent)
         base, per_node = self.cost.fit()
         if per_node <= 0:
             return self.max_batch_nodes
-        spare = PREFILL_SLACK * (base + per_node * max(decode_nodes, 1)) / per_node
+        if others:
+            spare = PREFILL_SLACK * (base + per_node * max(decode_nodes, 1)) / per_node
+        else:
+            spare = (PREFILL_ALONE_S - base) / per_node
         return max(PREFILL_MIN, int(spare))
 
     @staticmethod
@@ -209,7 +216,7 @@ class Batcher:
             if job.start >= 0 and job.left:
                 job.req.cache.truncate(job.start)
 
-    def _settle(self, plan: list[tuple[Job, Request | BaseException]]) -> set[int]:
+    def _settle(self, plan: list[tuple[Job, Request | BaseException]]) -> set[KVCache]:
         """After a pass: finished (or failed) requests get their logits (or error).
         Returns the sequences expected straight back (their gap is below GATHER_S)."""
         now, back = time.perf_counter(), set()

@@ -1,0 +1,234 @@
+"""The verifier's scheduler (docs/design.md §6.3): each session's earned share of a pass,
+chunked prefill, and what neither may change: the logits a request gets."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from acespec.cloud.serving.metrics import Metrics  # noqa: E402
+from acespec.cloud.target.model import Request  # noqa: E402
+from acespec.cloud.verify.batcher import (  # noqa: E402
+    PREFILL_ALONE_S,
+    PREFILL_MIN,
+    PREFILL_SLACK,
+    Batcher,
+)  # noqa: E402
+from acespec.cloud.verify.decided import DecidedSession, DecideLimits  # noqa: E402
+from acespec.cloud.verify.share import FLOOR, Share  # noqa: E402
+from acespec.shared.served import ServeParams  # noqa: E402
+
+from verifier_harness import run  # noqa: E402
+
+TOL = 1e-4  # float32 logits of one request scored in chunks against scored whole
+
+
+# -- the share ---------------------------------------------------------------------------
+
+def test_a_new_session_starts_with_half_the_cap():
+    assert Share(cap=64).nodes() == FLOOR + 31
+
+
+def test_a_session_whose_drafts_are_never_taken_gets_the_floor():
+    share = Share(cap=256)
+    for _ in range(40):  # the prior's accepted tokens decay away
+        share.settle(scored=share.nodes(), accepted=0)
+    assert share.nodes() == FLOOR and share.grant() == 1 + FLOOR
+    assert share.wasted == share.total_scored > 0
+
+
+def test_the_share_follows_acceptance_and_never_passes_a_better_peer():
+    rng = random.Random(0)
+    shares = {rate: Share(cap=64) for rate in (0.0, 0.1, 0.4, 0.8)}
+    for _ in range(50):
+        for rate, share in shares.items():
+            n = share.nodes()
+            share.settle(n, sum(rng.random() < rate for _ in range(n)))
+    nodes = [shares[r].nodes() for r in sorted(shares)]
+    assert nodes == sorted(nodes) and nodes[0] == FLOOR and nodes[-1] > 32
+
+
+def test_a_tree_sessions_commits_count_as_accepted():
+    share = Share(cap=32)
+    share.settle(8)
+    share.accept(3)
+    assert share.total_accepted == 3 and share.wasted == 5
+
+
+def test_a_decided_pass_keeps_within_its_budget():
+    s = DecidedSession([1, 2, 3], ServeParams(), 0, DecideLimits(max_tokens=50, vocab=100))
+    s.apply_drafts(3, 0, list(range(10, 30)))
+    assert len(s.plan_pass(lookup_proposals=False, budget=4)) == 1 + 4
+    assert len(s.plan_pass(lookup_proposals=False)) == 1 + 20
+
+
+# -- the batcher, on the real tiny target --------------------------------------------------
+
+def _batcher(model, slope_ms: float = 0.5) -> Batcher:
+    """A batcher whose pass-cost line is known (base 40 ms + slope per node), as a busy
+    verifier's would be, so its prefill budget is. stats: every pass's PassStats."""
+    b = Batcher(model, max_batch_nodes=1024)
+    for n in (1, 4, 16, 64, 128, 256, 512, 1024):
+        b.cost.observe(n, 0.040 + slope_ms / 1000 * n)
+    b.stats = []
+    b.on_pass = b.stats.append
+    b.cost.observe = lambda *_: None  # keep the line: real passes here take microseconds
+    return b
+
+
+def test_prefill_budget_follows_the_measured_pass_cost(tiny_pair):
+    _, model, _ = tiny_pair
+    b = _batcher(model)
+    beside = int(PREFILL_SLACK * (0.040 + 0.0005 * 10) / 0.0005)
+    assert b._prefill_budget([], decode_nodes=10) == beside  # another session decodes
+    alone = (PREFILL_ALONE_S - 0.040) / 0.0005  # nothing else queued nor decoding lately
+    assert abs(b._prefill_budget([], decode_nodes=0) - alone) <= 1
+    flat = Batcher(model)
+    for n in (1, 16, 256, 1024):
+        for _ in range(3):
+            flat.cost.observe(n, 0.025)  # a GPU below its knee: a prompt costs nothing extra
+    assert flat._prefill_budget([], decode_nodes=10) == flat.max_batch_nodes
+    assert beside >= PREFILL_MIN
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_beside_a_decoding_session(tiny_pair):
+    """A 700-token prompt arrives while another session decodes one token a pass: it goes in
+    chunks within the prefill budget, the decoding session is in every pass, and the
+    prompt's last logits equal a whole prefill's."""
+    _, model, _ = tiny_pair
+    rng = random.Random(1)
+    prompt = [rng.randrange(model.args.vocab_size) for _ in range(700)]
+    decoding = model.new_cache()
+
+    async def go():
+        b = _batcher(model)
+        await b.score(Request([1, 2, 3], decoding, None, last_only=True))
+        b.stats.clear()
+        stop = asyncio.Event()
+
+        async def decode():
+            while not stop.is_set():
+                await b.score(Request([5], decoding))
+
+        task = asyncio.create_task(decode())
+        await asyncio.sleep(0)
+        logits = await b.score(Request(prompt, model.new_cache(), None, last_only=True))
+        stop.set()
+        await task
+        await b.close()
+        return logits, b.stats
+
+    logits, stats = run(go())
+    whole = model(prompt, model.new_cache(), last_only=True)
+    assert torch.allclose(logits, whole, atol=TOL)
+    budget = int(PREFILL_SLACK * (0.040 + 0.0005) / 0.0005)
+    chunks = [s.prefill for s in stats if s.prefill]
+    assert sum(chunks) == len(prompt) and len(chunks) >= len(prompt) // budget
+    assert max(chunks) <= budget
+    assert all(s.nodes > s.prefill for s in stats if s.prefill)  # the decode went along
+
+
+def test_a_prompt_alone_goes_in_large_chunks(tiny_pair):
+    _, model, _ = tiny_pair
+    prompt = list(range(1, 301))
+
+    async def go():
+        b = _batcher(model)
+        await b.score(Request(prompt, model.new_cache(), None, last_only=True))
+        await b.close()
+        return b.stats
+
+    stats = run(go())
+    assert len(stats) == 1  # 300 tokens fit in PREFILL_ALONE_S at 40 ms + 0.5 ms/node
+
+
+def test_a_tree_request_scored_by_its_grant_equals_it_scored_whole(tiny_pair):
+    """A 60-node tree under a 4-node grant: 15 passes, each with at most 4 of its nodes, and
+    the same logits as one pass (parents are slots, so later chunks see earlier ones)."""
+    _, model, _ = tiny_pair
+    rng = random.Random(2)
+    prompt = [rng.randrange(model.args.vocab_size) for _ in range(20)]
+    tokens = [rng.randrange(model.args.vocab_size) for _ in range(60)]
+    parents = [19] + [20 + rng.randrange(i) if rng.random() < 0.8 else 19
+                      for i in range(1, 60)]
+
+    async def go():
+        b = _batcher(model)
+        cache = model.new_cache()
+        await b.score(Request(prompt, cache, None, last_only=True))
+        b.stats.clear()
+        logits = await b.score(Request(tokens, cache, parents), grant=lambda: 4)
+        await b.close()
+        return logits, b.stats
+
+    logits, stats = run(go())
+    ref_cache = model.new_cache()
+    model(prompt, ref_cache, last_only=True)
+    whole = model(tokens, ref_cache, parents)
+    assert logits.shape == whole.shape and torch.allclose(logits, whole, atol=TOL)
+    assert len(stats) == 15 and max(s.nodes for s in stats) == 4
+
+
+def test_a_waster_waits_its_turn_and_an_honest_request_does_not(tiny_pair):
+    """A 256-node request under a 2-node grant and a 3-node request without one: the small
+    one is done in the first pass, whose size is 2 + 3, and no pass holds more than 2 of the
+    big one's nodes."""
+    _, model, _ = tiny_pair
+
+    async def go():
+        b = _batcher(model)
+        big, small = model.new_cache(), model.new_cache()
+        await b.score(Request([1, 2], big, None, last_only=True))
+        await b.score(Request([3, 4], small, None, last_only=True))
+        b.stats.clear()
+        waste = asyncio.create_task(b.score(Request(list(range(5, 261)), big), lambda: 2))
+        await asyncio.sleep(0)
+        honest = await b.score(Request([7, 8, 9], small))
+        first = list(b.stats)
+        await waste
+        await b.close()
+        return honest, first, b.stats
+
+    honest, first, stats = run(go())
+    assert honest.shape[0] == 3
+    assert [s.nodes for s in first] == [5]
+    assert len(stats) == 128 and all(s.nodes <= 5 for s in stats)
+
+
+def test_a_failed_chunk_takes_back_every_chunk_of_its_request(tiny_pair):
+    """A request whose later chunk fails leaves the sequence's KV as before the request."""
+    _, model, _ = tiny_pair
+
+    async def go():
+        b = _batcher(model)
+        cache = model.new_cache()
+        await b.score(Request([1, 2, 3], cache, None, last_only=True))
+        before = cache.length
+        bad = list(range(1, 9)) + [model.args.vocab_size + 5]  # the last chunk's id is bad
+        with pytest.raises((IndexError, RuntimeError)):
+            await b.score(Request(bad, cache), grant=lambda: 3)
+        after = cache.length
+        ok = await b.score(Request([4], cache))
+        await b.close()
+        return before, after, ok
+
+    before, after, ok = run(go())
+    assert after == before and ok.shape[0] == 1
+
+
+def test_share_metrics_come_and_go_with_the_session():
+    m = Metrics.create()
+    share = Share(cap=16)
+    share.settle(10, 2)
+    m.on_share("ab" * 16, share)
+    from prometheus_client import generate_latest
+
+    text = generate_latest(m.registry).decode()
+    assert f'acespec_session_share{{session="{"ab" * 6}"}} {float(share.nodes())}' in text
+    assert 'acespec_speculative_nodes_total{fate="wasted"} 8.0' in text
+    m.drop_share("ab" * 16)
+    assert "acespec_session_share{" not in generate_latest(m.registry).decode()
