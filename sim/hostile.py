@@ -6,9 +6,9 @@ own (their loops must not slow the honest client's):
 
 - `peer`: another honest client, generating greedily in a loop: what sharing costs;
 - `wasteN`: N clients that extend `WASTE_NODES` random nodes in a tree session, commit
-  one, and repeat: speculation that is never taken (docs/design.md §6.3 bounds its share);
+  one, and repeat: speculation that is never taken (docs/design.md §3 bounds its share);
 - `longN`: N clients that open decided sessions on `LONG_PROMPT`-token repetitive prompts,
-  decide a few tokens, and open again: prefill after prefill (chunked, §6.3).
+  decide a few tokens, and open again: prefill after prefill (chunked, docs/design.md §3).
 
 Each scenario's honest tokens/s is reported beside the alone figure of the same run.
 """

@@ -57,7 +57,7 @@ class Metrics:
             gap_seconds=Counter("acespec_gap_seconds", "Seconds the gap drafter spent "
                                 "decoding proposals", registry=r),
             session_share=Gauge("acespec_session_share", "Speculative nodes per pass a "
-                                "session has earned (docs/design.md §6.3), by session id "
+                                "session has earned (docs/design.md §3), by session id "
                                 "prefix; gone when the session ends", ["session"], registry=r),
             session_efficiency=Gauge("acespec_session_efficiency", "A session's recent "
                                      "accepted tokens per speculative node scored",

@@ -1,6 +1,6 @@
 """Runs the target for many sessions: pending requests are scored together in one forward
 pass, one pass at a time, in a worker thread so the event loop keeps serving streams. A
-pass takes a bounded chunk of each request (docs/design.md §6.3): a session's earned share
+pass takes a bounded chunk of each request (docs/design.md §3): a session's earned share
 of nodes, and of a prompt what the pass's prefill budget allows."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Each session's share of the verifier's passes (docs/design.md §6.3).
+"""Each session's share of the verifier's passes (docs/design.md §3).
 
 A pass scores, for every session in it, the node it must (the next token to decide) and up
 to `Share.nodes()` speculative nodes besides. That share is earned: it grows with what the

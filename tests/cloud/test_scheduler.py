@@ -1,4 +1,4 @@
-"""The verifier's scheduler (docs/design.md §6.3): each session's earned share of a pass,
+"""The verifier's scheduler (docs/design.md §3): each session's earned share of a pass,
 chunked prefill, and what neither may change: the logits a request gets."""
 
 from __future__ import annotations
