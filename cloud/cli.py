@@ -249,6 +249,7 @@ def run_loadtest(args) -> int:
     import asyncio
     import json
 
+    from acespec.shared.tokenizer import ModelFileError
     from acespec.sim.loadtest import markdown, run_scenarios
 
     try:
@@ -259,8 +260,12 @@ def run_loadtest(args) -> int:
         print(f"acespec cloud loadtest: error: --sessions wants MODE:N,... with MODE greedy or "
               f"sampled, got {args.sessions!r}", file=sys.stderr)
         return 2
-    rows = asyncio.run(run_scenarios(args.model, args.rounds, args.depth, scenarios,
-                                     args.emulate_step_ms))
+    try:
+        rows = asyncio.run(run_scenarios(args.model, args.rounds, args.depth, scenarios,
+                                         args.emulate_step_ms))
+    except ModelFileError as e:  # --model's files, at load
+        print(f"acespec cloud loadtest: error: {e}", file=sys.stderr)
+        return 2
     print(json.dumps(rows, indent=2) if args.json else markdown(rows))
     bad = [r for r in rows if r["correct"] not in ("n/a", f"{r['sessions']}/{r['sessions']}")]
     return 1 if bad else 0

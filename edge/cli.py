@@ -173,11 +173,13 @@ def _codec_and_drafter(args):
 
     if args.drafter == "ngram":
         from acespec.edge.drafting.ngram import NgramDrafter
-        from acespec.shared.tokenizer import Tokenizer
+        from acespec.shared.tokenizer import ModelFileError, Tokenizer
 
         try:
             codec = TextCodec.from_tokenizer(args.tokenizer)
             vocab = Tokenizer.load(args.tokenizer).vocab_size
+        except ModelFileError as e:  # its message starts with the file's path
+            raise ValueError(f"--tokenizer {e}") from None
         except Exception as e:  # noqa: BLE001 - the tokenizers library raises bare Exception
             raise ValueError(f"--tokenizer {args.tokenizer}: cannot load a tokenizer.json "
                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
@@ -200,8 +202,8 @@ def _llama_codec_and_drafter(path: str, **config):
         raise ValueError(f"--drafter {path}: no such file; pass a GGUF file or 'ngram'")
     try:
         drafter = LlamaDrafter(path, LlamaDrafterConfig(**config))
-    except DrafterError as e:
-        raise ValueError(f"--drafter {path}: {e}") from None
+    except DrafterError as e:  # its message starts with the file's path
+        raise ValueError(f"--drafter {e}") from None
     return TextCodec.from_drafter(drafter), drafter
 
 

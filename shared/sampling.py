@@ -11,11 +11,25 @@ import numpy as np
 from acespec.shared.config import SamplingParams
 
 
+def tempered(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """(logits - max) / temperature along the last axis of float64 logits [..., V].
+
+    Shifting before dividing keeps every entry <= 0 (the maxima exactly 0), so nothing
+    overflows to inf - inf for any temperature > 0, down to 5e-324: a gap too large for a tiny
+    temperature becomes -inf, probability 0. So a tiny temperature gives the limit of the
+    softmax, the one-hot at the argmax (spread evenly over exactly tied maxima).
+    """
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    with np.errstate(over="ignore"):  # gap / temperature beyond float range: -inf, as meant
+        return shifted / temperature
+
+
 def transform(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Next-token distributions from logits.
 
     logits: [n, V] float (any float dtype). Returns [n, V] float64 rows summing to 1.
-    Greedy gives a one-hot row at the argmax (lowest id on ties).
+    Greedy gives a one-hot row at the argmax (lowest id on ties); any temperature > 0 is
+    computed in shifted log space (`tempered`), so a tiny one gives the argmax's one-hot.
     """
     logits = np.asarray(logits, dtype=np.float64)
     if logits.ndim != 2:
@@ -25,23 +39,23 @@ def transform(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         probs = np.zeros((n, vocab))
         probs[np.arange(n), logits.argmax(axis=1)] = 1.0
         return probs
-    scaled = logits / params.temperature
+    scaled = tempered(logits, params.temperature)
     if 0 < params.top_k < vocab:
-        # Everything strictly below the k-th largest logit is cut.
-        kth = np.partition(scaled, vocab - params.top_k, axis=1)[:, vocab - params.top_k]
-        scaled = np.where(scaled >= kth[:, None], scaled, -np.inf)
-    scaled -= scaled.max(axis=1, keepdims=True)
+        # Everything strictly below the k-th largest logit is cut. Compared unshifted: the
+        # shift by the maximum may round logits a hair apart into a tie.
+        kth = np.partition(logits, vocab - params.top_k, axis=1)[:, vocab - params.top_k]
+        scaled = np.where(logits >= kth[:, None], scaled, -np.inf)
     probs = np.exp(scaled)
     probs /= probs.sum(axis=1, keepdims=True)
     if params.top_p < 1.0:
-        probs = _top_p(probs, scaled, params.top_p)
+        probs = _top_p(probs, logits, params.top_p)
     return probs
 
 
-def _top_p(probs: np.ndarray, scaled: np.ndarray, top_p: float) -> np.ndarray:
+def _top_p(probs: np.ndarray, logits: np.ndarray, top_p: float) -> np.ndarray:
     """Keep, per row, the smallest set of most likely tokens whose mass reaches top_p.
     Ranked by logits (finer than probabilities), lowest id first on ties, like argmax."""
-    order = np.argsort(-scaled, axis=1, kind="stable")  # [n, V]
+    order = np.argsort(-logits, axis=1, kind="stable")  # [n, V]
     sorted_p = np.take_along_axis(probs, order, axis=1)
     before = np.cumsum(sorted_p, axis=1) - sorted_p  # mass strictly before each entry
     keep_sorted = before < top_p

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from acespec.shared.config import ConfigError, SamplingParams
+from acespec.shared.sampling import tempered
 
 UNITS = 1 << 16  # probability 1 in units of 2^-16
 MAX_TAIL_SAMPLES = 64
@@ -104,8 +105,7 @@ def served(logits: np.ndarray, params: ServeParams) -> ServedDist:
     k = min(params.k, len(logits))
     top = _top_k(logits, k)
     top = top[np.lexsort((top, -logits[top]))]  # descending logit, lower id on ties
-    z = (logits[top] - logits[top[0]]) / s.temperature
-    probs = np.exp(z)
+    probs = np.exp(tempered(logits[top], s.temperature))  # tiny temperatures: the argmax
     probs /= probs.sum()
     if s.top_p < 1.0:
         keep = (np.cumsum(probs) - probs) < s.top_p

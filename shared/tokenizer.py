@@ -1,4 +1,5 @@
-"""Tokenizer loading and vocabulary identity.
+"""Tokenizer loading and vocabulary identity, and the error for a model file that cannot
+be read.
 
 Edge and cloud must agree on the id -> token table, or the token ids on the wire mean
 different things. `vocab_hash` fingerprints that table; both sides compute it (the cloud
@@ -14,6 +15,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 VOCAB_HASH_PREFIX = "v1:"
+
+
+class ModelFileError(ValueError):
+    """A model, drafter or tokenizer file is truncated, malformed or of the wrong kind. The
+    message starts with the file's path and says what is wrong, on one line: the commands
+    print it as their one-line error (exit 2)."""
+
+
+def first_line(error: BaseException) -> str:
+    """An exception's message cut to its first line (its type name when it has none)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def read_json_object(path: str | Path) -> dict:
+    """The JSON object a model folder's file holds (config.json, tokenizer_config.json, a
+    shard index); ModelFileError naming the file when it is not UTF-8 JSON or not an object."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except ValueError as e:  # bad JSON, or not UTF-8
+        raise ModelFileError(f"{path}: not valid JSON ({first_line(e)})") from None
+    if not isinstance(data, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+        raise ModelFileError(f"{path}: holds {kind.get(type(data), 'a number')}, "
+                             "not a JSON object")
+    return data
 
 
 def vocab_hash(tokens: Sequence[str]) -> str:
@@ -49,7 +76,10 @@ class Tokenizer:
             path = path / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"no tokenizer.json at {path}")
-        backend = HFTokenizer.from_file(str(path))
+        try:
+            backend = HFTokenizer.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 - the tokenizers library raises bare Exception
+            raise ModelFileError(f"{path}: not a tokenizer.json ({first_line(e)})") from None
         bos, eos = _special_ids(path.parent, backend)
         return cls(path=path, backend=backend, bos_id=bos, eos_id=eos)
 
@@ -83,7 +113,7 @@ def _special_ids(folder: Path, backend) -> tuple[int | None, int | None]:
     names: dict[str, str | None] = {"bos": None, "eos": None}
     cfg = folder / "tokenizer_config.json"
     if cfg.is_file():
-        data = json.loads(cfg.read_text())
+        data = read_json_object(cfg)
         for key in names:
             value = data.get(f"{key}_token")
             names[key] = value.get("content") if isinstance(value, dict) else value

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from acespec.shared.tokenizer import ModelFileError, read_json_object
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -12,6 +13,11 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
 }
 ROPE_TYPES = ("default", "linear", "llama3")
+_SIZES = {  # ModelArgs field -> its config.json key: integers > 0
+    "vocab_size": "vocab_size", "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size", "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim", "max_position_embeddings": "max_position_embeddings"}
 
 
 class UnsupportedModel(ValueError):
@@ -71,10 +77,29 @@ class ModelArgs:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelArgs:
+        """ModelArgs of the checkpoint folder `path`; errors name its config.json
+        (ModelFileError when the file is malformed, UnsupportedModel when it is not covered)."""
         cfg_path = Path(path) / "config.json"
         if not cfg_path.is_file():
             raise FileNotFoundError(f"no config.json in {path}")
-        return cls.from_hf_config(json.loads(cfg_path.read_text()))
+        cfg = read_json_object(cfg_path)
+        try:
+            args = cls.from_hf_config(cfg)
+        except KeyError as e:
+            raise ModelFileError(f"{cfg_path}: no {e.args[0]!r} field") from None
+        except UnsupportedModel as e:
+            raise UnsupportedModel(f"{cfg_path}: {e}") from None
+        except (TypeError, ValueError, ZeroDivisionError) as e:  # a field of the wrong type
+            raise ModelFileError(f"{cfg_path}: a field has a wrong value ({e})") from None
+        for name, key in _SIZES.items():
+            if not _positive_int(getattr(args, name)):
+                raise ModelFileError(f"{cfg_path}: {key} must be a positive integer, got "
+                                     f"{getattr(args, name)!r}")
+        return args
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _rope(cfg: dict) -> tuple[float, dict]:

@@ -7,9 +7,11 @@ import logging
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from acespec.cloud.target.config import ModelArgs
 from acespec.cloud.target.model import Transformer
+from acespec.shared.tokenizer import ModelFileError, first_line, read_json_object
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -23,9 +25,39 @@ def checkpoint_files(path: Path) -> list[Path]:
         return [single]
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [path / s for s in shards]
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str)
+                                                       for f in weight_map.values()):
+            raise ModelFileError(f"{index}: no 'weight_map' of tensor names to file names")
+        return [path / s for s in sorted(set(weight_map.values()))]
     raise FileNotFoundError(f"{path}: neither model.safetensors nor model.safetensors.index.json")
+
+
+def check_safetensors(file: Path) -> None:
+    """ModelFileError naming `file` unless it is a whole safetensors file: an 8-byte header
+    length, a JSON header, and every tensor's bytes (data_offsets) inside the file. Reads the
+    header only, so a checkpoint cut short fails here, before any weight is read."""
+    size = file.stat().st_size
+    with file.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ModelFileError(f"{file}: truncated ({size} bytes; safetensors starts with "
+                                 "an 8-byte header length)")
+        n = int.from_bytes(head, "little")
+        if 8 + n > size:
+            raise ModelFileError(f"{file}: truncated or not safetensors ({size} bytes; its "
+                                 f"header length says {n})")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+        ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        raise ModelFileError(f"{file}: not safetensors (its header is not a table of "
+                             "tensors)") from None
+    need = 8 + n + max(ends, default=0)
+    if need > size:
+        raise ModelFileError(f"{file}: truncated ({size} bytes of {need}: the tensors run "
+                             "past its end)")
 
 
 def load_model(path: str | Path, dtype: str | torch.dtype = "float32",
@@ -43,7 +75,13 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "float32",
         model = Transformer(args)
     expected = {k for k in model.state_dict() if not (args.tie_word_embeddings and k == "lm_head.weight")}
     files = checkpoint_files(path)
-    state, names = read_shard(files, expected | {"lm_head.weight"}, rank, world, str(device))
+    for f in files:
+        check_safetensors(f)
+    try:
+        state, names = read_shard(files, expected | {"lm_head.weight"}, rank, world, str(device))
+    except SafetensorError as e:  # what the header check cannot see (e.g. an unknown dtype)
+        raise ModelFileError(f"{files[0] if len(files) == 1 else path}: unreadable "
+                             f"safetensors ({first_line(e)})") from None
     state = {k: v.to(dtype) for k, v in state.items()}
     if args.tie_word_embeddings:
         state.pop("lm_head.weight", None)

@@ -38,6 +38,9 @@ class Node:
     tails_issued: int = 0  # tail samples sent so far
 
 
+FP32_TINY = 1e-37  # about float32's smallest normal number: Triton passes floats as float32
+
+
 class TreeSession:
     def __init__(self, model: Transformer, params: ServeParams, seed: int, max_live_nodes: int,
                  max_tail_per_node: int = 4096):
@@ -167,8 +170,10 @@ class TreeSession:
 
     def _encoder(self) -> bool:
         """The fused Triton encoder serves exact sampled sessions when the model runs Triton
-        (greedy and coupled sessions send one decided id per node)."""
-        return self.model.kernels == "triton" and not self.params.sampling.decided
+        (greedy and coupled sessions send one decided id per node), at temperatures a
+        float32 kernel argument holds (below FP32_TINY the numpy path serves them)."""
+        return (self.model.kernels == "triton" and not self.params.sampling.decided
+                and self.params.sampling.temperature >= FP32_TINY)
 
     def _score_encoded(self, first_id: int, logits: torch.Tensor) -> list[NodeScore]:
         """Score nodes first_id.. from logits [n, V] (on the device) in one encoder call."""

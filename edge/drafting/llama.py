@@ -11,6 +11,7 @@ import ctypes
 import functools
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -22,10 +23,12 @@ import numpy as np
 from acespec.edge.drafting.base import Draft, draw
 from acespec.shared.config import SamplingParams
 from acespec.shared.sampling import transform
-from acespec.shared.tokenizer import vocab_hash
+from acespec.shared.tokenizer import ModelFileError, vocab_hash
 
 log = logging.getLogger(__name__)
-_LOG_CALLBACK = None  # keeps the no-op ctypes callback alive for the process
+_LOG_CALLBACK = None  # keeps the ctypes log callback alive for the process
+_GGML_LOG_ERROR = 4  # ggml's GGML_LOG_LEVEL_ERROR
+_ERRORS: list[str] = []  # llama.cpp's last error lines, kept while its log is silenced
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,11 @@ class LlamaDrafterConfig:
 
 class DrafterError(RuntimeError):
     """llama.cpp refused a model file or a decode call."""
+
+
+class DrafterFileError(DrafterError, ModelFileError):
+    """llama.cpp could not load a GGUF: the message names the file and says why, on one
+    line (a ModelFileError, so the commands print it and exit 2)."""
 
 
 def _locked(method):
@@ -74,10 +82,28 @@ def tokenize(ll, vocab, text: str, special: bool) -> list[int]:
 
 
 def silence(llama_cpp) -> None:
+    """Route llama.cpp's log away from stderr, keeping its last error lines (`_ERRORS`) so a
+    failed load can say why."""
     global _LOG_CALLBACK
+
+    def keep_errors(level, text, data):
+        if level == _GGML_LOG_ERROR:
+            _ERRORS.append(text.decode("utf-8", "replace").strip())
+            del _ERRORS[:-8]
+
     if _LOG_CALLBACK is None:
-        _LOG_CALLBACK = llama_cpp.llama_log_callback(lambda level, text, data: None)
+        _LOG_CALLBACK = llama_cpp.llama_log_callback(keep_errors)
         llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+
+
+def _load_failure(path: Path) -> DrafterFileError:
+    """Why llama.cpp just refused `path`: its first error line of the load, stripped of the
+    function names ('... tensor 'x' data is not within the file bounds, ...')."""
+    if path.stat().st_size == 0:
+        return DrafterFileError(f"{path}: empty file, not a GGUF model")
+    why = re.sub(r"^(?:\w+: |error loading model: )*", "", _ERRORS[0]) if _ERRORS else \
+        "not a GGUF model?"
+    return DrafterFileError(f"{path}: llama.cpp could not load it ({why})")
 
 
 class LlamaDrafter:
@@ -95,12 +121,14 @@ class LlamaDrafter:
             silence(llama_cpp)
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
+        _ERRORS.clear()
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
-            raise DrafterError(f"llama.cpp could not load {self.path} (not a GGUF model?)")
+            raise _load_failure(self.path)
         self._ctx = llama_cpp.llama_init_from_model(self._model, self._context_params())
         if not self._ctx:
-            raise DrafterError(f"llama.cpp could not create a context for {self.path}")
+            raise DrafterError(f"{self.path}: llama.cpp could not create a context "
+                               f"({config.n_ctx} tokens, {config.n_seq_max} sequences)")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(self._vocab)
