@@ -18,6 +18,7 @@ from pathlib import Path
 
 from acespec.argtypes import number
 from acespec.procs import free_port, python_module, wait_port
+from acespec.shared.tokenizer import ModelFileError
 
 SAMPLE = "def fibonacci(n):\n    "
 DEFAULT_PAIR = "smollm2"  # above ar in `acespec bench --pair smollm2 --dataset sharegpt`
@@ -102,7 +103,8 @@ def run(args) -> int:
             print(f"[demo] pair {DEFAULT_PAIR} (the default; --pair demo is the tiny "
                   "shipped pair, offline)", file=sys.stderr, flush=True)
         pairs.apply(args)
-    except ValueError as e:
+        _check_files(args)
+    except (ValueError, FileNotFoundError) as e:
         hint = "; --pair demo runs offline" if args.pair == DEFAULT_PAIR else ""
         print(f"acespec demo: error: {e}{hint}", file=sys.stderr)
         return 2
@@ -134,11 +136,26 @@ def run(args) -> int:
         except KeyboardInterrupt:
             print("\n[demo] interrupted; cleaning up", file=sys.stderr)
             return 130
+        except ModelFileError as e:  # the drafter's file
+            print(f"acespec demo: error: {e}", file=sys.stderr)
+            return 2
         except (RuntimeError, ConnectionError, OSError) as e:
             print(f"acespec demo: error: {e} (logs in {logs})", file=sys.stderr)
             return 1
     _table(figures, label, args.emulate_step_ms)
     return 0
+
+
+def _check_files(args) -> None:
+    """The target folder and the drafter GGUF read (their headers): a bad file is one line
+    here, before any child starts."""
+    from acespec.cloud.target.loader import check_checkpoint
+    from acespec.cloud.verify.gap import check_gguf
+
+    if args.model:
+        check_checkpoint(args.model)
+    if args.drafter:
+        check_gguf(Path(args.drafter), "--drafter")
 
 
 async def _generate(args, addr: str) -> dict:

@@ -133,9 +133,12 @@ def add_bench_parser(sub) -> None:
 
 
 def run_bench_cli(args) -> int:
+    from acespec.shared.tokenizer import ModelFileError
+
     try:
         pairs.apply(args)
-    except pairs.PairError as e:
+        _check_files(args)
+    except (pairs.PairError, ModelFileError, FileNotFoundError) as e:
         print(f"acespec bench: error: {e}", file=sys.stderr)
         return 2
     if args.what == "calibrate":
@@ -197,6 +200,19 @@ def run_bench_cli(args) -> int:
         for f in plot(summary, cats, args.plot):
             print(f"plot: {f}")
     return 0
+
+
+def _check_files(args) -> None:
+    """The target folder and the drafter GGUF read (their headers): a bad file is one line
+    here, not a child process's traceback."""
+    from acespec.cloud.target.loader import check_checkpoint
+    from acespec.cloud.verify.gap import check_gguf
+
+    if args.what in ("run", "calibrate", "hostile"):
+        if args.model:
+            check_checkpoint(args.model)
+        if args.drafter and args.drafter != "ngram":
+            check_gguf(Path(args.drafter), "--drafter")
 
 
 def _hostile(args) -> int:

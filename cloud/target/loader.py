@@ -60,6 +60,20 @@ def check_safetensors(file: Path) -> None:
                              "past its end)")
 
 
+def check_checkpoint(path: str | Path) -> None:
+    """ModelFileError (or FileNotFoundError) naming the file unless `path` is a checkpoint
+    folder whose config.json, safetensors headers and tokenizer.json read: what a command
+    that hands the folder to a child process checks first, so a bad file is its one-line
+    error and not the child's. Reads no weights."""
+    from acespec.shared.tokenizer import Tokenizer
+
+    path = Path(path)
+    ModelArgs.from_dir(path)
+    for f in checkpoint_files(path):
+        check_safetensors(f)
+    Tokenizer.load(path)
+
+
 def load_model(path: str | Path, dtype: str | torch.dtype = "float32",
                device: str | torch.device = "cpu", rank: int = 0, world: int = 1
                ) -> Transformer:

@@ -105,12 +105,7 @@ def _convert(path: Path, out: str) -> Path:
     naming the GGUF when it is empty, not a GGUF, cut short or otherwise unreadable."""
     from acespec.models.gguf_to_hf import ConvertError, convert
 
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ModelFileError(f"{path}: empty file, not a GGUF model" if size == 0 else
-                             f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+    size = _check_magic(path)
     try:
         return convert(path, out)
     except ConvertError as e:  # a GGUF this converter does not cover
@@ -125,6 +120,37 @@ def _convert(path: Path, out: str) -> Path:
             need = 0
         raise ModelFileError(f"{path}: truncated ({size} bytes of {need})" if need > size else
                              f"{path}: corrupt GGUF ({first_line(e)})") from None
+
+
+def _check_magic(path: Path) -> int:
+    """The file's size; ModelFileError unless it starts as a GGUF does."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelFileError(f"{path}: empty file, not a GGUF model" if size == 0 else
+                             f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+    return size
+
+
+def check_gguf(path: Path, flag: str) -> None:
+    """ModelFileError '<flag> <path>: what is wrong' unless the file is a whole GGUF by its
+    own header (reads the header only): for commands that hand the file to a child."""
+    try:
+        size = _check_magic(path)
+        try:
+            need = _gguf_needs(path)
+        except EOFError:
+            raise ModelFileError(f"{path}: truncated ({size} bytes; its header is cut off)"
+                                 ) from None
+        except (ValueError, KeyError) as e:
+            raise ModelFileError(f"{path}: corrupt GGUF header ({first_line(e)})") from None
+        if need > size:
+            raise ModelFileError(f"{path}: truncated ({size} bytes of {need})")
+    except ModelFileError as e:
+        raise ModelFileError(f"{flag} {e}") from None
+    except OSError as e:
+        raise ModelFileError(f"{flag} {path}: {e.strerror}") from None
 
 
 _SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # bytes

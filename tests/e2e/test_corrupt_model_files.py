@@ -130,3 +130,15 @@ def test_local_generate(corrupt, tiny_hf_dir, tiny_pair, flag, name, file):
     p = acespec("generate", "hello", "--max-tokens", "2", *[x for kv in files.items() for x in kv],
                 timeout=120)
     _one_error_line(p, "generate", corrupt[name] / file if file else corrupt[name])
+
+
+@pytest.mark.parametrize("flag, name, file", [("--model", "list-config", "config.json"),
+                                              ("--drafter", "short.gguf", "")])
+def test_demo_and_bench(corrupt, tiny_hf_dir, tiny_pair, flag, name, file):
+    """`acespec demo` and `acespec bench` hand the files to children: they check them first."""
+    files = {"--model": str(tiny_hf_dir), "--drafter": str(tiny_pair[2]["q8_0"]),
+             flag: str(corrupt[name])}
+    named = corrupt[name] / file if file else corrupt[name]
+    for command in ("demo", "bench"):
+        p = acespec(command, *[x for kv in files.items() for x in kv], timeout=120)
+        _one_error_line(p, command, named)
