@@ -17,6 +17,8 @@ EXIT_UNREACHABLE, EXIT_REFUSED = 3, 4
 MAX_CONCURRENT = 32  # sequences: 1 + GROW_SEQS per generation, + 1, within llama.cpp's 256
 U64 = 2**64 - 1  # the wire's seed is a uint64
 U32 = 2**32 - 1  # ... and top_k a uint32
+DEFAULT_MODEL_NAME = "acespec"  # what clients sent before served names could be set
+PAIR_MODEL_NAMES = {"smollm2": "SmolLM2-135M-Instruct", "demo": "acespec-demo"}
 
 
 def add_parser(sub) -> None:
@@ -84,7 +86,12 @@ def add_parser(sub) -> None:
                      "400 (default: %(default)s)")
     cap.add_argument("--max-queue", type=number(int, 0, 2**20), default=64,
                      help="generations waiting for a slot (default: %(default)s)")
-    sv.add_argument("--model-name", default="acespec", help="the model id clients send")
+    sv.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                    help="the model names requests may give (others get 404); the first is "
+                    "the one responses report (default: --pair's model name, e.g. "
+                    f"{PAIR_MODEL_NAMES['smollm2']}, then '{DEFAULT_MODEL_NAME}')")
+    sv.add_argument("--model-name", metavar="NAME",
+                    help="deprecated: the same as --served-model-name NAME")
     sv.add_argument("--reconnect-deadline", type=number(float, 0.0), default=30.0, metavar="S",
                     help="a generation in flight when the verifier goes away keeps retrying "
                     "this long and resumes with its committed text (default: %(default)s)")
@@ -303,6 +310,7 @@ def build_service(args):
     from acespec.shared.config import SamplingParams
     from acespec.shared.served import ServeParams
 
+    names = served_model_names(args)
     pairs.apply(args)
     base = engine_config(args, serve=ServeParams(
         SamplingParams(coupled=args.sampling == "coupled"), send_mass=args.send_mass))
@@ -320,11 +328,28 @@ def build_service(args):
                                                   **_emulation(args))
     return EdgeService(codec=codec, drafter=None if args.mode == "ar" else drafter,
                        connect=lambda: channel(args.cloud, root_cert),
-                       model_name=args.model_name,
+                       model_name=names[0], aliases=names[1:],
                        base=base, chat_template=_chat_template(args, drafter), token=token,
                        metrics=EdgeMetrics(), max_concurrent=n,
                        ctx_per_request=args.ctx_per_request, max_queue=args.max_queue,
                        reconnect_deadline_s=args.reconnect_deadline)
+
+
+def served_model_names(args) -> tuple[str, ...]:
+    """--served-model-name (or the deprecated --model-name), else --pair's model name and
+    'acespec'; the first is the name responses report. ValueError naming the flag."""
+    if args.served_model_name and args.model_name:
+        raise ValueError("--model-name is the deprecated spelling of --served-model-name; "
+                         "pass one")
+    names = args.served_model_name or ([args.model_name] if args.model_name else None)
+    if names is None:
+        names = [PAIR_MODEL_NAMES[args.pair]] if args.pair else []
+        names.append(DEFAULT_MODEL_NAME)
+    for name in names:
+        if not name or name != name.strip():
+            raise ValueError(f"--served-model-name {name!r}: a name must be non-empty, with "
+                             "no leading or trailing space")
+    return tuple(dict.fromkeys(names))
 
 
 def _chat_prompt(args, drafter) -> str:
@@ -363,8 +388,12 @@ def run_serve(args) -> int:
     except (ValueError, OSError) as e:
         print(f"acespec edge serve: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    if args.model_name:
+        print("acespec edge serve: warning: --model-name is deprecated; use "
+              "--served-model-name", file=sys.stderr)
+    also = "".join(f", also {a!r}" for a in svc.aliases)
     print(f"acespec edge listening on http://{args.host}:{args.port} (model "
-          f"{args.model_name!r}, mode {args.mode}, verifier {args.cloud})", flush=True)
+          f"{svc.model_name!r}{also}, mode {args.mode}, verifier {args.cloud})", flush=True)
     serve(svc, GuardConfig.for_bind(args.host, args.allow_host, args.allow_origin,
                                     args.api_key, args.max_body_bytes), args.host, args.port)
     return 0

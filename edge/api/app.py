@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 
@@ -14,7 +15,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 
 from acespec.edge.api.guard import ApiGuard, GuardConfig
-from acespec.edge.api.openai_types import ApiError, parse_request
+from acespec.edge.api.openai_types import ApiError, model_object, parse_request
 from acespec.edge.api.service import EdgeService, ShuttingDown, complete, stream
 from acespec.edge.client import VerifierUnfit
 
@@ -128,9 +129,9 @@ def _routes(svc: EdgeService) -> Starlette:
         endpoint = "chat" if chat else "completions"
         try:
             req = parse_request(await _read_json(request), chat, svc.render_chat)
-            if req.model != svc.model_name:
-                raise ApiError(404, f"model {req.model!r} does not exist; this server serves "
-                               f"{svc.model_name!r}", "model", code="model_not_found")
+            if req.model not in svc.served_names:
+                raise _no_such_model(svc, req.model)
+            req = dataclasses.replace(req, model=svc.model_name)  # responses name it so
             prompt = await asyncio.to_thread(svc.prompt_tokens, req)  # off the loop: it can be long
             release = svc.admit(req.n)
             if req.stream:
@@ -160,7 +161,13 @@ def _routes(svc: EdgeService) -> Starlette:
 
     async def models(_: Request):
         return JSONResponse({"object": "list", "data": [
-            {"id": svc.model_name, "object": "model", "created": 0, "owned_by": "acespec"}]})
+            model_object(name, svc.created) for name in svc.served_names]})
+
+    async def model(request: Request):
+        name = request.path_params["name"]
+        if name not in svc.served_names:
+            return _error(_no_such_model(svc, name))
+        return JSONResponse(model_object(name, svc.created))
 
     async def health(_: Request):
         """Liveness (always 200 while serving) with the verifier's state beside it."""
@@ -186,7 +193,8 @@ def _routes(svc: EdgeService) -> Starlette:
     routes = [
         Route("/v1/completions", text_completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/models", models), Route("/health", health), Route("/ready", ready),
+        Route("/v1/models", models), Route("/v1/models/{name:path}", model),
+        Route("/health", health), Route("/ready", ready),
         Route("/metrics", metrics),
     ]
     @contextlib.asynccontextmanager
@@ -195,6 +203,13 @@ def _routes(svc: EdgeService) -> Starlette:
         await svc.aclose()  # the channel was made in this loop; close it in this loop
 
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+def _no_such_model(svc: EdgeService, name: str) -> ApiError:
+    """OpenAI's 404 for a model it does not serve (vLLM's too)."""
+    return ApiError(404, f"The model {name[:80]!r} does not exist; this server serves "
+                    f"{', '.join(repr(n) for n in svc.served_names)}", "model",
+                    code="model_not_found")
 
 
 _CLIENT_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)

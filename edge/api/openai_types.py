@@ -1,4 +1,5 @@
-"""OpenAI-compatible request parsing and response shapes (no web framework here)."""
+"""OpenAI-compatible request parsing and response shapes (no web framework here). Which
+fields are honoured and which refused: params.py; chat messages: messages.py."""
 
 from __future__ import annotations
 
@@ -7,35 +8,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from acespec.edge.api.errors import ApiError, text
+from acespec.edge.api.messages import parse_messages
+from acespec.edge.api.params import check_fields
 from acespec.shared.config import with_deprecated
 
-
-class ApiError(Exception):
-    """An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 kind: str = "invalid_request_error", code: str | None = None,
-                 headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
-        self.headers = headers  # e.g. Retry-After on a 503
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}
-
-
-ROLES = ("system", "user", "assistant")
-# OpenAI parameters this server does not implement, with the value that means "off" (those
-# are accepted; anything else is a 400 naming the parameter, never silently ignored).
-# logit_bias and the penalties would change the served distribution: they belong at the
-# verifier, which does not take them; logprobs would need the verifier's distributions.
-UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
-               "best_of": (None, 1), "suffix": (None, ""), "logit_bias": (None, {}),
-               "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-               "repetition_penalty": (None, 1), "tools": (None, []), "functions": (None, []),
-               "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
-               "min_p": (None, 0), "prediction": (None,)}
+__all__ = ["ApiError", "CompletionRequest", "parse_request"]
+METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512  # OpenAI's limits, in characters
+STREAM_OPTIONS = ("include_usage", "continuous_usage_stats", "include_obfuscation")
 
 
 @dataclass
@@ -53,37 +33,12 @@ class CompletionRequest:
     n: int = 1
     stop: list[str] = field(default_factory=list)
     stream: bool = False
-    include_usage: bool = False
-    user: str | None = None
+    include_usage: bool = False  # a last chunk with the usage of the whole request
+    continuous_usage: bool = False  # vLLM's continuous_usage_stats: usage so far on every chunk
+    user: str | None = None  # user, safety_identifier, metadata: logged with the request
+    safety_identifier: str | None = None
+    metadata: dict[str, str] | None = None
     parse_special: bool = False  # /v1/completions: control tokens spelled in the prompt count
-
-
-def _text(value, param: str) -> str:
-    """A string that is valid Unicode text (JSON can spell a lone surrogate, "\\ud800",
-    which no tokenizer can encode): 400 naming the field otherwise."""
-    if not isinstance(value, str):
-        raise ApiError(400, f"'{param}' must be a string", param)
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ApiError(400, f"'{param}' is not valid Unicode text: a lone surrogate "
-                       f"(\\u{ord(value[e.start]):04x}) at character {e.start}", param) from None
-    return value
-
-
-def _unsupported(body: dict) -> None:
-    for name, off in UNSUPPORTED.items():
-        if name in body and not any(body[name] == v and type(body[name]) is type(v)
-                                    for v in off if v is not None) and body[name] is not None:
-            raise ApiError(400, f"'{name}' is not supported by this server (accepted only "
-                           f"as {' or '.join(json_repr(v) for v in off)})", name,
-                           code="unsupported_parameter")
-
-
-def json_repr(v) -> str:
-    import json
-
-    return json.dumps(v)
 
 
 def _num(body: dict, name: str, kind, default, lo=None, hi=None):
@@ -110,6 +65,10 @@ def _bool(obj: dict, name: str, default: bool, param: str | None = None) -> bool
     return value
 
 
+def _optional_text(body: dict, name: str) -> str | None:
+    return None if body.get(name) is None else text(body[name], name)
+
+
 def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
     """Validate a /v1/completions or /v1/chat/completions body; names the bad parameter."""
     if not isinstance(body, dict):
@@ -117,52 +76,87 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required", "model")
-    _unsupported(body)
+    check_fields(body, chat)
     if chat:
-        prompt = render_chat(_messages(body.get("messages")))
+        prompt = render_chat(parse_messages(body.get("messages")))
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
-        prompt = _text(prompt, "prompt")
-    stop = body.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
-        raise ApiError(400, "'stop' must be a string or a list of up to 4 non-empty strings", "stop")
-    stop = [_text(x, f"stop[{i}]") for i, x in enumerate(stop)]
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise ApiError(400, "'stream_options' must be an object", "stream_options")
-    default_max = 256 if chat else 16
+        prompt = text(prompt, "prompt")
+    stream = _bool(body, "stream", False)
+    usage_last, usage_each = _stream_options(body.get("stream_options"), stream)
     return CompletionRequest(
-        model=model, prompt=prompt, chat=chat,
-        max_tokens=_num(body, "max_completion_tokens" if "max_completion_tokens" in body else
-                        "max_tokens", int, default_max, 1, 4096),
+        model=model, prompt=prompt, chat=chat, max_tokens=_max_tokens(body, chat),
         temperature=_num(body, "temperature", float, 1.0, 0.0, 2.0),
         top_p=_num(body, "top_p", float, 1.0, 1e-6, 1.0),
         top_k=_num(body, "top_k", int, 0, 0, 4096),
         seed=_num(body, "seed", int, None, 0, 2**63 - 1),
         sampling=_sampling(body), ignore_eos=_bool(body, "ignore_eos", False),
-        n=_num(body, "n", int, 1, 1, 8), stop=stop, stream=_bool(body, "stream", False),
-        include_usage=_bool(options, "include_usage", False, "stream_options.include_usage"),
-        user=body.get("user") if isinstance(body.get("user"), str) else None,
+        n=_num(body, "n", int, 1, 1, 8), stop=_stop(body.get("stop")), stream=stream,
+        include_usage=usage_last, continuous_usage=usage_each,
+        user=_optional_text(body, "user"),
+        safety_identifier=_optional_text(body, "safety_identifier"),
+        metadata=_metadata(body.get("metadata")),
         parse_special=not chat and _bool(body, "parse_special", False))
 
 
-def _messages(msgs) -> list[dict]:
-    """Chat messages checked: roles from ROLES only (a role is template markup), content
-    valid text (what it spells stays text: see edge.text.chat_segments)."""
-    if not isinstance(msgs, list) or not msgs or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str) for m in msgs):
-        raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects",
-                       "messages")
-    for i, m in enumerate(msgs):
-        if m["role"] not in ROLES:
-            raise ApiError(400, f"'messages[{i}].role' must be one of {', '.join(ROLES)}, got "
-                           f"{m['role']!r:.40}", f"messages[{i}].role")
-        _text(m["content"], f"messages[{i}].content")
-    return [{"role": m["role"], "content": m["content"]} for m in msgs]
+def _max_tokens(body: dict, chat: bool) -> int:
+    """max_completion_tokens (OpenAI's newer name), else max_tokens; both, unequal: 400."""
+    new, old = body.get("max_completion_tokens"), body.get("max_tokens")
+    if new is not None and old is not None and new != old:
+        raise ApiError(400, f"'max_tokens' ({old!r:.20}) and 'max_completion_tokens' "
+                       f"({new!r:.20}) differ; send one", "max_tokens")
+    name = "max_completion_tokens" if new is not None else "max_tokens"
+    return _num(body, name, int, 256 if chat else 16, 1, 4096)
+
+
+def _stop(stop) -> list[str]:
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+        raise ApiError(400, "'stop' must be a string or a list of up to 4 non-empty strings", "stop")
+    return [text(x, f"stop[{i}]") for i, x in enumerate(stop)]
+
+
+def _stream_options(options, stream: bool) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats). Only with stream: true, as OpenAI and vLLM
+    have it; include_obfuscation is accepted as false only (no obfuscation is added)."""
+    if options is None:
+        return False, False
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", "stream_options")
+    if not stream:
+        raise ApiError(400, "'stream_options' is allowed only with 'stream': true",
+                       "stream_options")
+    for key in options:
+        if key not in STREAM_OPTIONS:
+            raise ApiError(400, f"'stream_options.{key:.40}' is not a stream option this "
+                           f"server knows ({', '.join(STREAM_OPTIONS)})",
+                           f"stream_options.{key:.40}", code="unknown_parameter")
+    if _bool(options, "include_obfuscation", False, "stream_options.include_obfuscation"):
+        raise ApiError(400, "'stream_options.include_obfuscation' is not supported by this "
+                       "server (accepted only as null or false)",
+                       "stream_options.include_obfuscation", code="unsupported_parameter")
+    return (_bool(options, "include_usage", False, "stream_options.include_usage"),
+            _bool(options, "continuous_usage_stats", False,
+                  "stream_options.continuous_usage_stats"))
+
+
+def _metadata(value) -> dict[str, str] | None:
+    """OpenAI's metadata: at most 16 string pairs, keys up to 64 and values up to 512
+    characters (logged with the request; nothing is stored)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > METADATA_PAIRS:
+        raise ApiError(400, f"'metadata' must be an object of at most {METADATA_PAIRS} "
+                       "string pairs", "metadata")
+    for k, v in value.items():
+        text(k, "metadata")
+        text(v, f"metadata.{k:.40}")
+        if len(k) > METADATA_KEY or len(v) > METADATA_VALUE:
+            raise ApiError(400, f"'metadata' keys are at most {METADATA_KEY} characters and "
+                           f"values at most {METADATA_VALUE}", f"metadata.{k:.40}")
+    return dict(value)
 
 
 def _sampling(body: dict) -> str | None:
@@ -176,6 +170,11 @@ def _sampling(body: dict) -> str | None:
 
 def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def model_object(name: str, created: int) -> dict:
+    """One entry of /v1/models, and the body of /v1/models/{name}."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "acespec"}
 
 
 def choice(req: CompletionRequest, index: int, text: str, finish: str | None, delta: bool) -> dict:

@@ -42,8 +42,9 @@ class EdgeService:
     codec: TextCodec
     drafter: object | None  # None in 'ar' mode
     connect: Callable[[], object]  # makes the grpc.aio.Channel all requests share
-    model_name: str
+    model_name: str  # the served name responses report
     base: EngineConfig
+    aliases: tuple[str, ...] = ()  # other names requests may give (edge serve --served-model-name)
     chat_template: str | None = None
     token: str | None = None
     metrics: object | None = None
@@ -51,6 +52,7 @@ class EdgeService:
     ctx_per_request: int = 2048  # most prompt + max_tokens tokens of one generation
     max_queue: int = 64  # generations waiting for a sequence
     reconnect_deadline_s: float = 30.0  # an in-flight generation rides out an outage this long
+    created: int = field(default_factory=lambda: int(time.time()))  # /v1/models' "created"
     free_seqs: asyncio.Queue = field(default_factory=asyncio.Queue)
     admitted: int = field(default=0, init=False)  # generations of requests in flight
     waiting: int = field(default=0, init=False)  # of which queued for a sequence
@@ -63,6 +65,11 @@ class EdgeService:
             self.free_seqs.put_nowait(seq)
         self.engine = EdgeEngine(lambda: self.channel, self.codec.vocab_hash, self.drafter,
                                  self.token, owns_channels=False)
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """The names requests may give, the reported one first."""
+        return (self.model_name, *(a for a in self.aliases if a != self.model_name))
 
     @property
     def channel(self):
@@ -215,6 +222,7 @@ class _Choice:
         seq = await svc.acquire()
         try:
             def cb(ids, stats):
+                self.stats = stats  # live: streamed chunks can carry the usage so far
                 stop = self.on_tokens(ids, stats)
                 if queue is not None:
                     queue.put_nowait((self.index, self.ready(), None))
@@ -250,15 +258,21 @@ async def complete(svc: EdgeService, req: CompletionRequest, prompt: list[int]) 
 
 async def stream(svc: EdgeService, req: CompletionRequest, prompt: list[int]):
     """Server-sent events: one chunk per piece of new text, then [DONE]. A generation that
-    fails sends no finish chunk: its error surfaces here (the caller makes it an error event)."""
+    fails sends no finish chunk: its error surfaces here (the caller makes it an error event).
+    With continuous_usage every chunk carries the usage so far (vLLM's continuous_usage_stats);
+    with include_usage a last chunk, with no choices, carries the request's."""
     rid, queue = new_id(req.chat), asyncio.Queue()
     choices = [_Choice(svc, req, i) for i in range(req.n)]
     tasks = [asyncio.create_task(c.run(prompt, queue)) for c in choices]
+
+    def chunk(parts: list[dict]) -> str:
+        so_far = usage(len(prompt), [c.stats for c in choices]) if req.continuous_usage else None
+        return _sse(envelope(req, rid, parts, True, so_far))
+
     try:
         if req.chat:
-            first = [{"index": i, "delta": {"role": "assistant", "content": ""},
-                      "finish_reason": None} for i in range(req.n)]
-            yield _sse(envelope(req, rid, first, True))
+            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                          "finish_reason": None} for i in range(req.n)])
         done = 0
         while done < req.n:
             index, text, finish = await next_or_stop(queue, svc.stopping)
@@ -266,14 +280,14 @@ async def stream(svc: EdgeService, req: CompletionRequest, prompt: list[int]):
                 await tasks[index]  # raises the generation's error
                 raise RuntimeError("a generation failed without an error")  # unreachable
             if text or finish:
-                yield _sse(envelope(req, rid, [choice(req, index, text, finish, True)], True))
+                yield chunk([choice(req, index, text, finish, True)])
             done += finish is not None
         for t in tasks:
             await t
+        u = usage(len(prompt), [c.stats for c in choices])
         if req.include_usage:
-            u = usage(len(prompt), [c.stats for c in choices])
             yield _sse(envelope(req, rid, [], True, u))
-        _log_usage(svc, req, usage(len(prompt), [c.stats for c in choices]))
+        _log_usage(svc, req, u)
         yield "data: [DONE]\n\n"
     finally:
         for t in tasks:  # a client that went away: stop drafting and close cloud sessions
@@ -304,9 +318,21 @@ def _sse(obj: dict) -> str:
 
 
 def _log_usage(svc: EdgeService, req: CompletionRequest, u: dict) -> None:
-    log.info("request model=%s user=%s n=%d: %d prompt + %d completion tokens, AL %.2f, "
-             "drafted %d accepted %d, wire %d B up %d B down", req.model, req.user, req.n,
+    """One line per request (INFO: `acespec -v edge serve`), with the caller's user,
+    safety_identifier and metadata when it sent them, as ASCII JSON (no character of theirs
+    can break the line)."""
+    said = {"user": req.user and _clip(req.user),
+            "safety_identifier": req.safety_identifier and _clip(req.safety_identifier),
+            "metadata": req.metadata}
+    who = "".join(f" {k}={json.dumps(v, separators=(',', ':'))}"
+                  for k, v in said.items() if v)
+    log.info("request model=%s%s n=%d: %d prompt + %d completion tokens, AL %.2f, "
+             "drafted %d accepted %d, wire %d B up %d B down", req.model, who, req.n,
              u["prompt_tokens"], u["completion_tokens"], u["mean_acceptance_length"],
              u["drafted_tokens"], u["accepted_tokens"], u["wire_bytes_up"], u["wire_bytes_down"])
     if svc.metrics:
         svc.metrics.record(u)
+
+
+def _clip(value: str, most: int = 256) -> str:
+    return value if len(value) <= most else value[:most] + "..."

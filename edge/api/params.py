@@ -1,0 +1,67 @@
+"""Every request field this server knows, and what it does with it.
+
+A field of a /v1/completions or /v1/chat/completions body is one of:
+  honoured   parsed and acted on (openai_types.parse_request);
+  off-only   a feature this server does not implement, accepted only at a value that means
+             "off" (SDKs send those: `n: 1`, `presence_penalty: 0`, `store: false`), else a
+             400 naming the field;
+  unknown    anything else: a 400 naming the field. Nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+from acespec.edge.api.errors import ApiError, same_json
+
+_BOTH = frozenset({
+    "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "seed",
+    "stop", "stream", "stream_options", "user", "safety_identifier", "metadata",
+    "top_k", "ignore_eos",  # vLLM's extensions
+    "sampling",  # AceSpec's: "coupled" | "exact"
+})
+HONOURED = {True: _BOTH | {"messages"}, False: _BOTH | {"prompt", "parse_special"}}
+
+# Off-only fields -> the values that mean "off" (null always does). The penalties and
+# logit_bias change the served distribution: they belong at the verifier, which does not
+# take them; logprobs would need the verifier's distributions; tools, structured output,
+# audio and the hosted features are not served here.
+OFF: dict[str, tuple] = {
+    "logprobs": (False, 0), "top_logprobs": (0,), "echo": (False,), "best_of": (1,),
+    "suffix": ("",), "logit_bias": ({},), "presence_penalty": (0,),
+    "frequency_penalty": (0,), "response_format": ({"type": "text"},),
+    "tools": ([],), "tool_choice": ("none",), "parallel_tool_calls": (True, False),
+    "functions": ([],), "function_call": ("none",), "store": (False,),
+    "service_tier": ("auto", "default"), "modalities": (["text"],), "audio": (),
+    "prediction": (), "reasoning_effort": (), "verbosity": (), "web_search_options": (),
+    "prompt_cache_key": (),
+    # vLLM's extensions, at what this server does anyway
+    "repetition_penalty": (1,), "min_p": (0,), "min_tokens": (0,), "stop_token_ids": ([],),
+    "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
+    "add_generation_prompt": (True,), "continue_final_message": (False,),
+}
+
+
+def is_off(value, offs: tuple) -> bool:
+    return value is None or any(same_json(value, v) for v in offs)
+
+
+def off_values(offs: tuple) -> str:
+    import json
+
+    return " or ".join(json.dumps(v) for v in (None, *offs))
+
+
+def check_fields(body: dict, chat: bool) -> None:
+    """ApiError 400 naming the first field that is unknown here, or off-only and not off."""
+    honoured = HONOURED[chat]
+    for name, value in body.items():
+        if name in honoured:
+            continue
+        if name in OFF:
+            if is_off(value, OFF[name]):
+                continue
+            raise ApiError(400, f"'{name}' is not supported by this server (accepted only "
+                           f"as {off_values(OFF[name])})", name, code="unsupported_parameter")
+        where = "/v1/chat/completions" if chat else "/v1/completions"
+        raise ApiError(400, f"Unrecognized request argument supplied: '{name:.80}' (not a "
+                       f"parameter of {where} on this server)", name[:80],
+                       code="unknown_parameter")
