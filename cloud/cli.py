@@ -35,6 +35,12 @@ def add_parser(sub) -> None:
                    "gloo on CPU, NCCL on CUDA, one GPU per rank), started by this command; "
                    "under torchrun the ranks are torchrun's and N may be left out. N must "
                    "divide the model's KV and query heads (default: 1)")
+    s.add_argument("--tp-heartbeat-timeout", type=number(float, 1.0), default=5.0, metavar="S",
+                   help="with --tp: a rank whose heartbeat stops this long (SIGSTOP, a hang), "
+                   "or that takes no step rank 0 sent that long ago, is lost: health goes "
+                   "NOT_SERVING, sessions end with UNAVAILABLE naming it, the ranks are "
+                   "killed and the server exits 1; a pass in which no rank progresses for 6x "
+                   "this is hung alike (default: %(default)s)")
     s.add_argument("--auth-token-file", help="file with one accepted bearer token per line")
     s.add_argument("--tls-cert", help="PEM certificate chain (with --tls-key)")
     s.add_argument("--tls-key", help="PEM private key (with --tls-cert)")
@@ -53,15 +59,21 @@ def add_parser(sub) -> None:
                    "a pass no edge draft covers, it proposes (up to --propose tokens) instead of "
                    "prompt lookup. Output is unchanged; it costs its own decoding before "
                    "each such pass (default: none)")
+    s.add_argument("--emulate-cloud-draft-ms", metavar="T0[,PER_SEQ]", default="",
+                   help="TESTBED: pad each batched step of --gap-drafter to T0 ms (+ PER_SEQ "
+                   "ms per session in the batch), a co-located draft model's step on the "
+                   "target's device; drafting runs between the target's passes either way "
+                   "(default: its real decode only)")
     s.add_argument("--idle-timeout", type=float, default=300.0, help="seconds (default: %(default)s)")
     s.add_argument("--write-timeout", type=number(float, 0, lo_open=True), default=30.0,
                    help="end a session whose client has read nothing for this many seconds "
                    "while the downlink is full (default: %(default)s)")
     s.add_argument("--metrics-port", type=port_number,
                    help="serve Prometheus metrics on this port (bound to --host)")
-    s.add_argument("--emulate-step-ms", metavar="T0[,PER_NODE]",
-                   help="TESTBED: add T0 ms (+ PER_NODE ms per node) to every pass of the target, "
-                   "to emulate a big model's step time on a small target")
+    s.add_argument("--emulate-step-ms", metavar="T0[,PER_NODE[,KNEE]]",
+                   help="TESTBED: add T0 ms (+ PER_NODE ms per node, or per node beyond KNEE "
+                   "nodes: a GPU-like roofline, flat up to the knee) to every pass of the "
+                   "target, to emulate a big model's step time on a small target")
     s.add_argument("--grace", type=float, default=10.0, help="shutdown drain seconds")
     s.set_defaults(func=run_serve)
     lt = csub.add_parser(
@@ -190,6 +202,7 @@ def run_serve(args) -> int:
     from acespec.cloud.serving.server import ServeFailed, ServerConfig, serve
     from acespec.cloud.verify.batcher import StepEmulation
     from acespec.cloud.verify.engine import Limits
+    from acespec.cloud.verify.gap import DraftEmulation
 
     try:
         pairs.apply(args)
@@ -209,7 +222,9 @@ def run_serve(args) -> int:
             auth_tokens=_tokens(args.auth_token_file), tls_cert=args.tls_cert,
             tls_key=args.tls_key, metrics_port=args.metrics_port,
             emulation=StepEmulation.parse(args.emulate_step_ms), grace_s=args.grace,
-            kernels=args.kernels, tp=topo.world if topo else 1, gap_drafter=args.gap_drafter)
+            kernels=args.kernels, tp=topo.world if topo else 1, gap_drafter=args.gap_drafter,
+            cloud_draft=DraftEmulation.parse(args.emulate_cloud_draft_ms),
+            tp_heartbeat_s=args.tp_heartbeat_timeout)
         asyncio.run(serve(cfg))
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"acespec cloud serve: error: {e}", file=sys.stderr)

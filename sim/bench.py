@@ -22,7 +22,12 @@ from acespec.sim.stages import LinkSpec, parse_rate, parse_time
 
 MODES = ("ar", "sd", "pipeline", "acespec")
 BENCH_MODES = MODES + ("acespec-chain",  # acespec with one drafted chain, no tree
-                       "acespec-gap")  # the tree, and the verifier's gap drafter proposing
+                       "acespec-gap",  # the tree, and the verifier's gap drafter proposing
+                       "colo",  # the rivals: the verifier speculates for itself, the edge
+                       "cloud-lookup")  # drafts nothing (its drafter beside the target; lookup)
+NO_EDGE_DRAFTS = ("colo", "cloud-lookup")
+GAP_MODES = ("acespec-gap", "colo")  # the verifier's gap drafter proposes in their sessions
+CLOUD_DRAFT_MS = "5,0.05"  # colo's draft step, see BenchConfig.cloud_draft
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,12 @@ class BenchConfig:
     per_category: int = 10  # prompts per category
     seed: int = 0
     propose: int = 8  # the verifier's --propose (its own proposals in passes no draft covers)
-    gap_drafter: str = ""  # acespec-gap: the verifier's --gap-drafter (the other modes: off)
+    gap_drafter: str = ""  # acespec-gap, colo: the verifier's --gap-drafter (others: off)
+    # The verifier's --emulate-cloud-draft-ms: a co-located draft step on the target's
+    # device. 5 ms is an eighth of the 40 ms target step of the default profile: a 1B-class
+    # draft model beside a 70B-class target at low batch, where a few draft steps add
+    # 10-30 % to each target step (vLLM's disaggregated-drafting RFC). Per session 0.05 ms.
+    cloud_draft: str = CLOUD_DRAFT_MS
     dtype: str = "float32"  # the verifier's --dtype (every mode: `ar` runs the same target)
     linear: str = "auto"  # the verifier's --linear (every mode)
 
@@ -59,16 +69,21 @@ class BenchConfig:
         if self.max_tokens < 1:
             raise ValueError(f"--max-tokens {self.max_tokens} must be >= 1")
         if self.gap and not self.gap_drafter:
-            raise ValueError("mode acespec-gap needs --gap-drafter")
+            raise ValueError("modes acespec-gap and colo need --gap-drafter")
+        rivals = [m for m in self.modes if m in NO_EDGE_DRAFTS]
+        if rivals and self.temperature > 0 and self.sampling != "coupled":
+            raise ValueError(f"modes {', '.join(rivals)} need greedy or coupled sessions (the "
+                             "verifier decides them); --sampling exact has the edge decide")
 
     @property
     def gap(self) -> bool:
-        """The bench's verifier runs a gap drafter (mode acespec-gap is asked for)."""
-        return "acespec-gap" in self.modes
+        """The bench's verifier runs a gap drafter (a mode of GAP_MODES is asked for)."""
+        return any(m in GAP_MODES for m in self.modes)
 
     def serve_flags(self) -> list[str]:
         """`acespec cloud serve` flags of the bench's verifier (besides host and port)."""
-        gap = ["--gap-drafter", self.gap_drafter] if self.gap else []
+        gap = (["--gap-drafter", self.gap_drafter, "--emulate-cloud-draft-ms",
+                self.cloud_draft] if self.gap else [])
         return ["--emulate-step-ms", self.emulate, "--grace", "1",
                 "--propose", str(self.propose), "--dtype", self.dtype, "--linear", self.linear] + gap
 
@@ -114,11 +129,46 @@ async def run_bench(cfg: BenchConfig, model_dir: str, drafter_path: str,
              _verifier_in_process if cfg.inline_verifier else _verifier_process)
     async with serve(cfg, model_dir) as start:
         for label, spec in cfg.links:
-            async with start(spec) as (host, port, proxy_spec):
+            async with start(spec) as (host, port, proxy_spec, meter):
                 await _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec,
-                                  prompts, state, progress)
+                                  prompts, state, progress, meter.busy)
     drafter.close()
     return state["records"]
+
+
+METRICS_PORT = 9464  # the verifier's --metrics-port inside a network namespace
+
+
+class Meter:
+    """What the bench reads of its verifier's counters: from its /metrics (a verifier
+    process), or from the engine (one in this process)."""
+
+    def __init__(self, host: str = "", port: int = 0, engine=None):
+        self.url, self.engine = f"http://{host}:{port}/metrics", engine
+
+    def _counter(self, name: str) -> float:
+        from urllib.request import urlopen
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urlopen(self.url, timeout=5) as r:
+            text = r.read().decode()
+        return sum(x.value for f in text_string_to_metric_families(text)
+                   for x in f.samples if x.name == name)
+
+    def busy(self) -> float:
+        """Seconds the verifier was busy so far: its passes and its drafting."""
+        if self.engine is not None:
+            gap = self.engine.gap.busy_s if self.engine.gap else 0.0
+            return self.engine.batcher.busy_s + gap
+        return self._counter("acespec_busy_seconds_total")
+
+    def nodes(self) -> float:
+        """Nodes the verifier scored so far."""
+        if self.engine is not None:
+            return float(self.engine.metrics.nodes_scored._value.get()) \
+                if self.engine.metrics else 0.0
+        return self._counter("acespec_nodes_scored_total")
 
 
 @contextlib.asynccontextmanager
@@ -127,17 +177,19 @@ async def _verifier_in_process(cfg: BenchConfig, model_dir: str):
     from acespec.cloud.serving.server import ServerConfig, create_server, load_engine
     from acespec.cloud.verify.batcher import StepEmulation
     from acespec.cloud.verify.engine import Limits
+    from acespec.cloud.verify.gap import DraftEmulation
 
     scfg = ServerConfig(model=model_dir, host="127.0.0.1", port=0,
                         emulation=StepEmulation.parse(cfg.emulate),
                         limits=Limits(propose=cfg.propose),
-                        gap_drafter=cfg.gap_drafter if cfg.gap else "")
+                        gap_drafter=cfg.gap_drafter if cfg.gap else "",
+                        cloud_draft=DraftEmulation.parse(cfg.cloud_draft))
     engine = load_engine(scfg)
     server, port = await create_server(engine, scfg)
 
     @contextlib.asynccontextmanager
     async def start(spec):
-        yield "127.0.0.1", port, spec
+        yield "127.0.0.1", port, spec, Meter(engine=engine)
 
     try:
         yield start
@@ -156,9 +208,9 @@ async def _verifier_process(cfg: BenchConfig, model_dir: str):
 
     from acespec.procs import free_port, python_module, wait_port
 
-    port = free_port()
+    port, metrics = free_port(), free_port()
     argv = [*python_module("acespec"), "cloud", "serve", "--host", "127.0.0.1",
-            "--port", str(port), *cfg.serve_flags(),
+            "--port", str(port), "--metrics-port", str(metrics), *cfg.serve_flags(),
             "--threads", str(max(1, (os.cpu_count() or 2) // 2))]
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(argv + (["--model", model_dir] if model_dir else []),
@@ -166,7 +218,7 @@ async def _verifier_process(cfg: BenchConfig, model_dir: str):
 
     @contextlib.asynccontextmanager
     async def start(spec):
-        yield "127.0.0.1", port, spec
+        yield "127.0.0.1", port, spec, Meter("127.0.0.1", metrics)
 
     try:
         try:
@@ -211,7 +263,8 @@ async def _verifier_in_netns(cfg: BenchConfig, model_dir: str):
     async def start(spec):
         with NetnsLink(spec.up_bps, spec.down_bps) as ns:
             argv = [*python_module("acespec"), "cloud", "serve", "--host", ns.cloud_ip,
-                    "--port", str(port), *cfg.serve_flags()]
+                    "--port", str(port), "--metrics-port", str(METRICS_PORT),
+                    *cfg.serve_flags()]
             log = tempfile.TemporaryFile()
             proc = subprocess.Popen(ns.argv_in_ns(argv + (["--model", model_dir] if model_dir
                                                           else [])),
@@ -223,15 +276,22 @@ async def _verifier_in_netns(cfg: BenchConfig, model_dir: str):
                 except RuntimeError as e:
                     log.seek(0)
                     raise RuntimeError(f"{e}: {log.read()[-500:]!r}") from e
-                yield ns.cloud_ip, port, LinkSpec(1e12, 1e12, spec.rtt_s, spec.jitter_s)
+                yield (ns.cloud_ip, port, LinkSpec(1e12, 1e12, spec.rtt_s, spec.jitter_s),
+                       Meter(ns.cloud_ip, METRICS_PORT))
             finally:
                 _stop(proc, log)
 
     yield start
 
 
+def engine_mode(mode: str) -> str:
+    """The edge engine's mode for a bench mode: the acespec variants and the rivals that
+    run decided sessions are the engine's acespec."""
+    return mode if mode in MODES else "acespec"
+
+
 async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, prompts,
-                      state, progress) -> None:
+                      state, progress, busy) -> None:
     from acespec.edge.client import channel
     from acespec.edge.session import EdgeEngine, EngineConfig
     from acespec.shared.config import SamplingParams
@@ -248,15 +308,17 @@ async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, 
             edge = EdgeEngine(lambda ch=ch: ch, codec.vocab_hash,
                               None if mode == "ar" else drafter, owns_channels=False)
             for p in prompts:
-                ecfg = EngineConfig(mode=mode.split("-")[0], grow_tree=mode != "acespec-chain",
+                ecfg = EngineConfig(mode=engine_mode(mode), grow_tree=mode != "acespec-chain",
                                     depth=cfg.depth, window=cfg.window,
                                     adaptive=cfg.adaptive, max_depth=max(8, cfg.depth),
                                     max_window=max(32, cfg.window),
                                     serve=ServeParams(SamplingParams(
                                         cfg.temperature, coupled=cfg.sampling == "coupled")),
                                     seed=cfg.seed, max_tokens=cfg.max_tokens,
-                                    gap=mode == "acespec-gap")
+                                    gap=mode in GAP_MODES,
+                                    edge_drafts=mode not in NO_EDGE_DRAFTS)
                 before = (proxy.counts.up, proxy.counts.down)
+                busy0 = await asyncio.to_thread(busy)
                 stamps: list[float] = []
                 t0 = time.perf_counter()
                 out, stats = await edge.generate(
@@ -264,6 +326,7 @@ async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, 
                     lambda ids, st, stamp=stamps.append: stamp(time.perf_counter()))
                 rec = _record(label, spec, mode, p, stats, stamps, t0,
                               proxy.counts.up - before[0], proxy.counts.down - before[1])
+                rec["verifier_s"] = round(await asyncio.to_thread(busy) - busy0, 4)
                 state["records"].append({**rec, "token_ids": list(out)})
                 state["done"] += 1
                 if progress:
@@ -284,6 +347,7 @@ def _record(label, spec, mode, p, stats, stamps, t0, up, down) -> dict:
             "wire_bytes_up_per_token": round(up / n, 2),
             "wire_bytes_down_per_token": round(down / n, 2),
             "ttft_s": round(stamps[0] - t0, 4) if stamps else None,
+            "from_edge_drafts": stats.accepted,
             "itl_p50_ms": round(float(np.percentile(gaps, 50)), 2),
             "itl_p99_ms": round(float(np.percentile(gaps, 99)), 2)}
 
@@ -318,7 +382,7 @@ def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
                 "wire_bytes_down_per_token": round(sum(r["wire_bytes_down"] for r in rs) / tok, 2),
                 "up_messages_per_token": round(sum(r.get("messages_up", 0) for r in rs) / tok, 3),
                 "passes_per_token": round(sum(r["passes"] for r in rs) / tok, 3),
-                **_idle(rs), **_same_as_ar(records, rs),
+                **_verifier_cost(rs, tok), **_idle(rs), **_same_as_ar(records, rs),
             }
         sd_al = per_mode.get("sd", {}).get("mean_acceptance_length")
         for m in per_mode.values():
@@ -331,6 +395,24 @@ def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
                 m["ratio_to_ideal"] = round(m["tokens_per_s"] / m["ideal_tokens_per_s"], 3)
             rows.append(with_deprecated(m))
     return rows
+
+
+def _verifier_cost(rs: list[dict], tok: int) -> dict:
+    """The verifier's busy seconds per 1,000 tokens (its passes and its drafting), and where
+    the tokens came from: accepted edge drafts, the verifier's own accepted proposals, and
+    passes no edge draft covered (lone; proposals taken there included). Sessions without
+    the verifier's account (ar, sd, pipeline) count every token not from an edge draft as
+    lone."""
+    timed = [r for r in rs if r.get("verifier_s") is not None]
+    edge = sum(r.get("from_edge_drafts") or 0 for r in rs)
+    lone = sum(r["lone_tokens"] if r.get("lone_tokens") is not None
+               else r["tokens"] - (r.get("from_edge_drafts") or 0) for r in rs)
+    return {"verifier_s_per_1k_tokens": round(1000 * sum(r["verifier_s"] for r in timed)
+                                              / max(1, sum(r["tokens"] for r in timed)), 2)
+            if timed else None,
+            "tokens_from_edge_drafts": edge,
+            "tokens_from_proposals": sum(r.get("proposed_accepted") or 0 for r in rs),
+            "tokens_from_lone_passes": lone}
 
 
 def _same_as_ar(records: list[dict], rs: list[dict]) -> dict:

@@ -34,6 +34,7 @@ def add_parser(sub) -> None:
 
 def add_bench_parser(sub) -> None:
     from acespec.models import DEMO_DRAFTER
+    from acespec.sim.bench import CLOUD_DRAFT_MS
 
     b = sub.add_parser(
         "bench", help="side-by-side benchmark of the modes through emulated links",
@@ -48,9 +49,25 @@ def add_bench_parser(sub) -> None:
         "long-prompt\n      and honest peers, on one verifier",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("what", nargs="?", default="run",
-                   choices=["run", "calibrate", "sweep", "hostile"],
-                   help="run the real benchmark (default), calibrate the model, sweep it, or "
-                   "measure what hostile and heavy clients cost an honest one (hostile)")
+                   choices=["run", "calibrate", "sweep", "hostile", "load"],
+                   help="run the real benchmark (default), calibrate the model, sweep it, "
+                   "measure what hostile and heavy clients cost an honest one (hostile), or "
+                   "many clients at once on one verifier (load)")
+    b.add_argument("--clients", default="1,2,4,6,8,12,16,24,32,48,64",
+                   help="load: client counts, each a run of that many clients at once, "
+                   "closed loop, each through its own --link (default: %(default)s)")
+    b.add_argument("--requests", type=number(int, 1), default=2,
+                   help="load: generations per client at each count (default: %(default)s)")
+    b.add_argument("--per-process", type=number(int, 1, 32), default=16,
+                   help="load: clients per edge process (default: %(default)s)")
+    b.add_argument("--slo-speedup", type=number(float, 0.0, lo_open=True), default=1.3,
+                   help="load: goodput counts the clients whose p10 client makes this x ar's "
+                   "one-client tokens/s, measured in the run (default: %(default)s)")
+    b.add_argument("--slo-tok-s", type=number(float, 0.0, lo_open=True),
+                   help="load: the per-client tokens/s of the SLO instead (then ar with one "
+                   "client need not run)")
+    b.add_argument("--slo-ttft-s", type=number(float, 0.0, lo_open=True), default=2.0,
+                   help="load: ... and TTFT p90 at most this (default: %(default)s)")
     b.add_argument("--scenarios", default="alone,peer,waste1,waste4,long2",
                    help="hostile: beside an honest `edge generate` (acespec mode, greedy, "
                    "--max-tokens, on 5 code prompts): alone, peerN (N honest clients), "
@@ -75,12 +92,22 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--depths", default="2,4,8", help="sweep: draft depths")
     b.add_argument("--link", default="50kbit:50ms", help="RATE:RTT list, or 'loopback' "
                    "(default: %(default)s)")
-    b.add_argument("--modes", default="ar,sd,pipeline,acespec",
+    b.add_argument("--modes", default=None,
                    help="comma-separated, from: ar, sd, pipeline, acespec, acespec-chain "
                    "(acespec with one drafted chain instead of the speculation tree), "
                    "acespec-gap (the tree, and the verifier's gap drafter proposing in the "
                    "passes no edge draft covers; the verifier then gets --gap-drafter, which "
-                   "the other modes' sessions turn off)")
+                   "the other modes' sessions turn off), and the rivals that speculate at "
+                   "the verifier while the edge drafts nothing: colo (co-located: the "
+                   "verifier's gap drafter, the edge's own drafter file, beside the target) "
+                   "and cloud-lookup (prompt lookup at the verifier only) (default: "
+                   "ar,sd,pipeline,acespec; load: ar,acespec,colo,cloud-lookup)")
+    b.add_argument("--emulate-cloud-draft-ms", default=CLOUD_DRAFT_MS, metavar="T0[,PER_SEQ]",
+                   help="TESTBED step of the verifier's gap drafter (acespec-gap, colo): each "
+                   "batched draft step takes at least T0 ms + PER_SEQ ms per session, on the "
+                   "target's device between its passes; 5 ms is an eighth of the default "
+                   "profile's 40 ms target step, a 1B-class drafter beside a 70B-class target "
+                   "(default: %(default)s)")
     b.add_argument("--prompts", help="JSONL of {id, category, prompt} (default: shipped set)")
     b.add_argument("--dataset", default="shipped", choices=DATASETS,
                    help="'shipped' (the shipped prompts or --prompts) or 'sharegpt' (real chats "
@@ -103,8 +130,10 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--sampling", default="coupled", choices=["coupled", "exact"],
                    help="with --temperature > 0: coupled (the verifier decides) or exact "
                    "(rejection sampling at the edge) (default: %(default)s)")
-    b.add_argument("--emulate-step-ms", default="40,0.5", metavar="T0[,PER_NODE]",
-                   help="TESTBED step-time profile of the verifier (default: %(default)s)")
+    b.add_argument("--emulate-step-ms", default=None, metavar="T0[,PER_NODE[,KNEE]]",
+                   help="TESTBED step-time profile of the verifier: T0 ms a pass plus PER_NODE "
+                   "ms a node (beyond KNEE nodes, a GPU-like roofline) (default: 40,0.5, "
+                   "per-node heavy; load: 25,0.1,256, flat 25 ms up to 256 nodes)")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="the verifier's --dtype, for every mode (`ar` too). bfloat16 with "
                    "--linear torch makes a multi-token pass cheap on a CPU with native "
@@ -145,8 +174,15 @@ def run_bench_cli(args) -> int:
         return _calibrate(args)
     if args.what == "sweep":
         return _sweep(args)
+    if args.emulate_step_ms is None:
+        args.emulate_step_ms = "25,0.1,256" if args.what == "load" else "40,0.5"
+    if args.modes is None:
+        args.modes = ("ar,acespec,colo,cloud-lookup" if args.what == "load" else
+                      "ar,sd,pipeline,acespec")
     if args.what == "hostile":
         return _hostile(args)
+    if args.what == "load":
+        return _load(args)
     import asyncio
     import json
 
@@ -170,7 +206,8 @@ def run_bench_cli(args) -> int:
                           emulate=args.emulate_step_ms, per_category=args.per_category,
                           emulate_draft=args.emulate_draft_ms, propose=args.propose,
                           dtype=args.dtype, linear=args.linear,
-                          gap_drafter=args.gap_drafter or args.drafter)
+                          gap_drafter=args.gap_drafter or args.drafter,
+                          cloud_draft=args.emulate_cloud_draft_ms)
         bad = [m for m in cfg.modes if m not in BENCH_MODES]
         if bad:
             raise ValueError(f"unknown modes {bad}; available: {', '.join(BENCH_MODES)}")
@@ -237,7 +274,7 @@ def _hostile(args) -> int:
 
     async def main() -> list[dict]:
         async with _verifier_process(cfg, args.model) as start:
-            async with start(None) as (host, port, _):
+            async with start(None) as (host, port, _, _busy):
                 return await asyncio.to_thread(
                     hostile.run, scenarios, f"{host}:{port}", vh, list(hostile.HONEST_PROMPTS),
                     args.max_tokens, pair_args, lambda m: print(m, file=sys.stderr))
@@ -251,6 +288,41 @@ def _hostile(args) -> int:
         import json
 
         Path(args.out).write_text(json.dumps({"runs": rows}, indent=1))
+    return 0
+
+
+def _load(args) -> int:
+    import json
+
+    from acespec.sim import load
+
+    try:
+        cfg = load.LoadConfig(
+            clients=tuple(int(x) for x in args.clients.split(",")),
+            modes=tuple(args.modes.split(",")), link=args.link, emulate=args.emulate_step_ms,
+            cloud_draft=args.emulate_cloud_draft_ms, propose=args.propose,
+            requests=args.requests, max_tokens=args.max_tokens, temperature=args.temperature,
+            per_process=args.per_process, slo_speedup=args.slo_speedup,
+            slo_ttft_s=args.slo_ttft_s, slo_tok_s=args.slo_tok_s)
+        prompts = [p["prompt"] for p in _prompts(args)]
+    except (ValueError, OSError) as e:
+        print(f"acespec bench: error: {e}", file=sys.stderr)
+        return 2
+    result = load.run_load(cfg, args.model, args.drafter, prompts,
+                           lambda m: print(m, file=sys.stderr, flush=True))
+    print(f"profile: --emulate-step-ms {cfg.emulate}, --emulate-cloud-draft-ms "
+          f"{cfg.cloud_draft}, --propose {cfg.propose}, link {cfg.link} per client, "
+          f"{cfg.requests} generations of {cfg.max_tokens} tokens per client, "
+          f"{len(prompts)} prompts, temperature {cfg.temperature}")
+    print(load.markdown(result["runs"]))
+    slo = result["slo"]
+    print(f"\ngoodput (clients whose p10 makes {slo['per_client_tok_s']} tok/s with TTFT p90 "
+          f"<= {slo['ttft_p90_s']} s): " +
+          ", ".join(f"{m} {n}" for m, n in result["goodput"].items()))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    if args.plot:
+        print(f"plot: {load.plot_frontier(result['runs'], args.plot)}")
     return 0
 
 

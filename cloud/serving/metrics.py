@@ -25,6 +25,7 @@ class Metrics:
     session_share: object
     session_efficiency: object
     speculative_nodes: object
+    busy_seconds: object
     _counted: dict = field(default_factory=dict)  # session id -> (accepted, wasted) counted
 
     @classmethod
@@ -65,7 +66,13 @@ class Metrics:
             speculative_nodes=Counter("acespec_speculative_nodes", "Speculative nodes "
                                       "scored, by fate: accepted, or wasted (never taken)",
                                       ["fate"], registry=r),
+            busy_seconds=Counter("acespec_busy_seconds", "Seconds the target's device was "
+                                 "busy, by work: pass (the target's passes) or draft (the "
+                                 "gap drafter's batched steps)", ["work"], registry=r),
         )
+
+    def on_draft(self, seconds: float) -> None:
+        self.busy_seconds.labels("draft").inc(seconds)
 
     def on_share(self, session_id: str, share) -> None:
         """A session's share after its pass (acespec.cloud.verify.share.Share)."""
@@ -97,6 +104,7 @@ class Metrics:
 
     def on_pass(self, stats) -> None:
         self.passes.inc()
+        self.busy_seconds.labels("pass").inc(stats.seconds)
         self.forward_passes.inc()
         self.nodes_scored.inc(stats.nodes)
         self.batch_nodes.observe(stats.nodes)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,10 +17,14 @@ import grpc
 from acespec.cloud.serving.servicer import VerifierServicer
 from acespec.cloud.verify.batcher import StepEmulation
 from acespec.cloud.verify.engine import Engine, Limits
+from acespec.cloud.verify.gap import DraftEmulation
 from acespec.proto import acespec_pb2_grpc as pb_grpc
 from acespec.shared.served import ServeParams
 
 log = logging.getLogger(__name__)
+
+LOST_LINGER_S = 1.0  # after a lost rank, calls get UNAVAILABLE naming it this long, then exit
+LOST_EXIT_S = 15.0  # ... and the process leaves by then even if a pass is stuck in a collective
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,9 @@ class ServerConfig:
     kernels: str = "auto"  # verifier kernels: auto (Triton on CUDA), triton, torch
     linear: str = "auto"  # linear layers: auto (oneDNN prepacked on the CPU), onednn, torch
     tp: int | None = None  # tensor-parallel ranks; None: 1, or torchrun's WORLD_SIZE
+    tp_heartbeat_s: float = 5.0  # a tensor-parallel rank silent this long is lost
     gap_drafter: str = ""  # a small drafter (.gguf or HF folder) for lone passes; '' = none
+    cloud_draft: DraftEmulation = field(default_factory=DraftEmulation)  # its step (TESTBED)
 
 
 class ServeFailed(RuntimeError):
@@ -71,15 +79,21 @@ def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
     vocab_hash = Tokenizer.load(path).vocab_hash()
     model_id = f"{path.resolve().name}:{model.args.arch}"
     if cfg.emulation.base_ms or cfg.emulation.per_node_ms:
-        log.warning("TESTBED: every forward pass is padded by %.1f ms + %.2f ms/node "
+        log.warning("TESTBED: every forward pass is padded by %.1f ms + %.2f ms/node%s "
                     "(--emulate-step-ms) to emulate a big target model",
-                    cfg.emulation.base_ms, cfg.emulation.per_node_ms)
+                    cfg.emulation.base_ms, cfg.emulation.per_node_ms,
+                    f" beyond {cfg.emulation.knee}" if cfg.emulation.knee else "")
     gap = None
     if cfg.gap_drafter:
         from acespec.cloud.verify.gap import GapDrafter
 
         gap = GapDrafter.load(cfg.gap_drafter, vocab_hash, model.args.vocab_size,
-                              dtype=cfg.dtype, device=str(model.device), linear=cfg.linear)
+                              dtype=cfg.dtype, device=str(model.device), linear=cfg.linear,
+                              emulation=cfg.cloud_draft)
+        if cfg.cloud_draft.base_ms or cfg.cloud_draft.per_seq_ms:
+            log.warning("TESTBED: every batched gap-drafter step is padded to %.1f ms + "
+                        "%.2f ms/session (--emulate-cloud-draft-ms)",
+                        cfg.cloud_draft.base_ms, cfg.cloud_draft.per_seq_ms)
     return Engine(model, vocab_hash, model_id, cfg.limits, cfg.emulation, metrics, gap)
 
 
@@ -89,7 +103,7 @@ def _load_sharded(cfg: ServerConfig, path: Path, topo, metrics, on_failure):
 
     check_kernels(cfg.kernels, topo.world)
     model = start_leader(path, topo, cfg.dtype, cfg.device, cfg.threads, on_failure,
-                         cfg.linear)
+                         cfg.linear, cfg.tp_heartbeat_s)
     log.warning("tensor parallelism: %d ranks (%s), torch attention path; rank 0 serves",
                 topo.world, "gloo" if model.device.type == "cpu" else "nccl")
     if metrics:
@@ -123,6 +137,7 @@ async def create_server(engine: Engine, cfg: ServerConfig) -> tuple[grpc.aio.Ser
     for name in ("", "acespec.v1.Verifier"):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     server.health_servicer = health_servicer  # so shutdown can flip it to NOT_SERVING
+    server.verifier = servicer  # so a lost rank can end its sessions
     return server, port
 
 
@@ -198,9 +213,13 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
     await stop.wait()
     from grpc_health.v1 import health_pb2
 
-    await server.health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    for name in ("", "acespec.v1.Verifier"):
+        await server.health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     if failed:  # no pass can run: end every session now (their edges resume elsewhere)
-        log.error("stopping: %s", failed[0])
+        _leave_by(LOST_EXIT_S)
+        server.verifier.fail_all(f"tensor parallelism lost: {failed[0]}")
+        log.error("stopping: health NOT_SERVING, sessions end with UNAVAILABLE")
+        await asyncio.sleep(LOST_LINGER_S)  # calls meanwhile learn why, not just 'refused'
         await server.stop(1.0)
     else:
         log.warning("shutting down: draining %d sessions (grace %.0f s)", engine.active,
@@ -216,3 +235,16 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
 def _stop_ranks(engine: Engine) -> None:
     if engine.model.tp is not None:
         engine.model.tp.stop()
+
+
+def _leave_by(seconds: float) -> None:
+    """Exit code 1 in `seconds` unless the process has left by then: a pass stuck in a
+    collective with a rank this process cannot kill (torchrun's) would otherwise hold the
+    interpreter's exit until the backend's timeout."""
+    def leave() -> None:
+        log.error("a tensor-parallel pass is still stuck in a collective; exiting now")
+        os._exit(1)
+
+    timer = threading.Timer(seconds, leave)
+    timer.daemon = True
+    timer.start()

@@ -17,6 +17,7 @@ from acespec.cloud.errors import (
     InvalidArgument,
     SessionError,
     Unauthenticated,
+    Unavailable,
 )
 from acespec.cloud.verify.engine import Engine
 from acespec.proto import acespec_pb2 as pb
@@ -70,6 +71,23 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.idle_timeout_s, self.default_params = idle_timeout_s, default_params
         self.write_timeout_s = write_timeout_s
         self._last_io: dict[int, float] = {}  # id(context) -> last message either way
+        self.lost: str | None = None  # why no pass can run any more (fail_all)
+        self._lost: asyncio.Future | None = None  # done with that reason
+
+    def fail_all(self, reason: str) -> None:
+        """No pass can run any more (a tensor-parallel rank was lost): sessions waiting for
+        their client, and every call from now on, end with UNAVAILABLE and `reason` (those
+        in a pass get it from the pass)."""
+        self.lost = reason
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(reason)
+
+    def _lost_future(self) -> asyncio.Future:
+        if self._lost is None:
+            self._lost = asyncio.get_running_loop().create_future()
+            if self.lost:
+                self._lost.set_result(self.lost)
+        return self._lost
 
     # -- boundary helpers ---------------------------------------------------------
 
@@ -110,15 +128,19 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         """The next uplink message. A session is idle when nothing crossed the stream either
         way for idle_timeout_s: one the verifier is decoding on its own is not."""
         read = asyncio.ensure_future(context.read())  # waited on, not cancelled, while live
+        lost = self._lost_future()
         try:
             while not read.done():
+                if lost.done():
+                    raise Unavailable(lost.result())
                 last = self._last_io.setdefault(id(context), time.monotonic())
                 left = last + self.idle_timeout_s - time.monotonic()
                 if left <= 0:
                     raise DeadlineExceeded(f"session idle for more than {self.idle_timeout_s:g}"
                                            " s (--idle-timeout: no message either way); its "
                                            "KV was freed")
-                await asyncio.wait({read}, timeout=left)
+                await asyncio.wait({read, lost}, timeout=left,
+                                   return_when=asyncio.FIRST_COMPLETED)
             msg = read.result()
         except DecodeError as e:
             raise InvalidArgument(f"malformed Uplink message: {e}") from None
@@ -364,6 +386,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         client's cancel unwinds through `aclosing`: the engine stops scoring at once."""
         try:
             self._authorize(context)
+            if self.lost:
+                raise Unavailable(self.lost)
             self._count("up", request)
             self.engine.check_handshake(request.protocol_version, request.vocab_hash)
             params = decode_serve_params(request.sampling, self.default_params)

@@ -20,7 +20,14 @@ from pathlib import Path
 
 import torch
 
-from acespec.cloud.target.tensor_parallel import Topology, exchange, follow, init_group
+from acespec.cloud.target.tensor_parallel import (
+    HEARTBEAT_TIMEOUT_S,
+    Topology,
+    beat_store,
+    exchange,
+    follow,
+    init_group,
+)
 from acespec.procs import free_port, python_module
 
 log = logging.getLogger(__name__)
@@ -108,10 +115,12 @@ def check_kernels(kernels: str, world: int) -> None:
 
 
 def start_leader(path: str | Path, topo: Topology, dtype: str, device: str, threads: int,
-                 on_failure=None, linear: str = "auto"):
+                 on_failure=None, linear: str = "auto",
+                 heartbeat_s: float = HEARTBEAT_TIMEOUT_S):
     """Rank 0 of a group: start ranks 1..N-1 here unless torchrun did (topo from the
-    environment), load this rank's shard and lead the others. The sharded model; the
-    ranks this process started are reaped if loading fails."""
+    environment), load this rank's shard and lead the others, watching their heartbeats
+    (a rank silent for heartbeat_s is lost). The sharded model; the ranks this process
+    started are reaped if loading fails."""
     from acespec.cloud.target.tensor_parallel import Leader
 
     children = []
@@ -119,10 +128,11 @@ def start_leader(path: str | Path, topo: Topology, dtype: str, device: str, thre
         topo, children = spawn_ranks(topo, worker_args(str(path), dtype, device, threads, linear))
     try:
         model = load_rank(path, dtype, topo.device(device), threads, topo, linear)
+        beats = beat_store(topo)
     except BaseException:
         reap(children)  # they stop on the same error
         raise
-    Leader(model, on_failure, children)
+    Leader(model, on_failure, children, beats, heartbeat_s)
     return model
 
 
@@ -138,14 +148,15 @@ def reap(children: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
 
 @contextlib.contextmanager
 def local_group(path: str | Path, n: int, dtype: str = "float32", device: str = "cpu",
-                threads: int = 0, on_failure=None, linear: str = "auto"):
+                threads: int = 0, on_failure=None, linear: str = "auto",
+                heartbeat_s: float = HEARTBEAT_TIMEOUT_S):
     """This process as rank 0 of n ranks on this machine (the others spawned), yielding
     the sharded model; the ranks are stopped after (profiles and tests; `cloud serve --tp`
     starts its group the same way, around a server)."""
     saved = torch.get_num_threads()
     try:
         model = start_leader(path, Topology(0, n, 0), dtype, device, threads, on_failure,
-                             linear)
+                             linear, heartbeat_s)
     except BaseException:
         torch.set_num_threads(saved)
         raise
@@ -171,7 +182,7 @@ def serve_rank(path: str, dtype: str, device: str, threads: int, topo: Topology,
             log.debug("%s", e)
         return 2
     log.info("tensor-parallel rank %d of %d ready", topo.rank, topo.world)
-    return follow(model)
+    return follow(model, beat_store(topo))
 
 
 def _leave_soon(signum, frame) -> None:

@@ -25,23 +25,32 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StepEmulation:
-    """Testbed knob: add a big model's step time to every forward pass."""
+    """Testbed knob: add a big model's step time to every forward pass. Per node either
+    from the first node (`T0,PER_NODE`: a CPU-like, per-node-heavy step) or beyond a knee
+    (`T0,PER_NODE,KNEE`: a GPU-like roofline, flat up to KNEE nodes, then linear)."""
 
     base_ms: float = 0.0  # per pass
-    per_node_ms: float = 0.0  # per scored node
+    per_node_ms: float = 0.0  # per scored node (beyond the knee)
+    knee: int = 0  # nodes a pass scores for base_ms alone
 
     @classmethod
     def parse(cls, text: str | None) -> StepEmulation:
-        """'T0' or 'T0,PER_NODE' in milliseconds."""
+        """'T0', 'T0,PER_NODE' or 'T0,PER_NODE,KNEE' in milliseconds (KNEE in nodes)."""
         if not text:
             return cls()
-        parts = [float(x) for x in text.split(",")]
-        if len(parts) > 2 or any(x < 0 for x in parts):
-            raise ValueError(f"--emulate-step-ms wants T0[,PER_NODE] >= 0, got {text!r}")
-        return cls(parts[0], parts[1] if len(parts) > 1 else 0.0)
+        try:
+            parts = [float(x) for x in text.split(",")]
+        except ValueError:
+            parts = []
+        if not 1 <= len(parts) <= 3 or any(not x >= 0 for x in parts) or \
+                (len(parts) == 3 and parts[2] != int(parts[2])):
+            raise ValueError(f"--emulate-step-ms wants T0[,PER_NODE[,KNEE]] >= 0 (KNEE a "
+                             f"whole number of nodes), got {text!r}")
+        parts += [0.0] * (3 - len(parts))
+        return cls(parts[0], parts[1], int(parts[2]))
 
     def seconds(self, n_nodes: int) -> float:
-        return (self.base_ms + self.per_node_ms * n_nodes) / 1000
+        return (self.base_ms + self.per_node_ms * max(0, n_nodes - self.knee)) / 1000
 
 
 @dataclass
@@ -112,6 +121,7 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self.passes = 0
         self.requests_scored = 0
+        self.busy_s = 0.0  # seconds in passes
 
     async def score(self, req: Request, grant: Callable[[], int] | None = None
                     ) -> torch.Tensor:
@@ -121,6 +131,7 @@ class Batcher:
         if self._task is None:
             self._task = loop.create_task(self._worker())
         job = Job(req, loop.create_future(), grant)
+        job.fut.add_done_callback(self._on_done)
         self._jobs.append(job)
         if (done := self._resolved.pop(job.key, None)) is not None:
             gap = time.perf_counter() - done
@@ -143,6 +154,7 @@ class Batcher:
             # whose blocks go back to the pool (which may then shrink) only once unreferenced.
             plan = None
             await self._gather(back)
+            back = None  # nor hold the sequences while idle
 
     async def _gather(self, back: set[KVCache]) -> None:
         """Wait (up to GATHER_S) until the sequences in `back` have queued again."""
@@ -209,6 +221,10 @@ class Batcher:
         parents = None if r.parents is None else list(r.parents[job.done:end])
         return Request(list(r.tokens[job.done:end]), r.cache, parents, r.last_only)
 
+    def _on_done(self, fut: asyncio.Future) -> None:
+        if fut.cancelled():  # its caller gave up: let the worker drop it (and its KV) now
+            self._wake.set()
+
     def _drop_cancelled(self) -> None:
         """Forget requests whose caller gave up, with any chunks of them already in the KV."""
         for job in [j for j in self._jobs if j.fut.done()]:
@@ -264,6 +280,7 @@ class Batcher:
             time.sleep(delay)
         seconds = time.perf_counter() - t0
         self.passes += 1
+        self.busy_s += seconds
         self.cost.observe(nodes, seconds)
         for i, ((job, chunk), res) in enumerate(zip(plan, results)):
             if not isinstance(res, BaseException):
@@ -274,6 +291,12 @@ class Batcher:
         prefill = sum(len(c.tokens) for c in chunks if c.last_only)
         if self.on_pass:
             self.on_pass(PassStats(len(chunks), nodes, seconds, prefill))
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """The target's one worker: what else runs on the device (a co-located drafter)
+        queues here between passes."""
+        return self._pool
 
     async def close(self) -> None:
         if self._task:

@@ -92,6 +92,11 @@ class Engine:
         self.generating = 0  # Generate calls running now
         if self.metrics:
             self.metrics.sessions_active.set_function(lambda: self.active)
+        if self.gap:
+            # Drafting shares the target's worker: a co-located drafter takes the device's
+            # time between passes (and the verifier's busy time counts it).
+            self.gap.executor = self.batcher.executor
+            self.gap.on_batch = self.metrics.on_draft if self.metrics else None
 
     @property
     def active(self) -> int:

@@ -23,7 +23,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,7 @@ import torch
 
 from acespec.cloud.target.config import UnsupportedModel
 from acespec.cloud.target.kv_cache import KVCache
-from acespec.cloud.target.model import Transformer
+from acespec.cloud.target.model import Request, Transformer
 from acespec.shared.tokenizer import ModelFileError, first_line
 
 log = logging.getLogger(__name__)
@@ -219,17 +219,72 @@ def _gguf_needs(path: Path) -> int:
         return -(-f.tell() // align) * align + end
 
 
-class GapDrafter:
-    """Greedy proposals from a small torch model, one worker thread for all sessions."""
+@dataclass(frozen=True)
+class DraftEmulation:
+    """TESTBED knob (`--emulate-cloud-draft-ms T0[,PER_SEQ]`): pad each batched draft step
+    to a co-located draft model's step on the target's device, T0 plus PER_SEQ per session
+    in the batch, milliseconds. The real decode counts toward it."""
 
-    def __init__(self, model: Transformer, name: str):
-        self.model, self.name = model, name
+    base_ms: float = 0.0
+    per_seq_ms: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str | None) -> DraftEmulation:
+        if not text:
+            return cls()
+        try:
+            parts = [float(x) for x in text.split(",")]
+        except ValueError:
+            parts = []
+        if not 1 <= len(parts) <= 2 or any(not x >= 0 for x in parts):
+            raise ValueError(f"--emulate-cloud-draft-ms wants T0[,PER_SEQ] >= 0, got {text!r}")
+        return cls(parts[0], parts[1] if len(parts) > 1 else 0.0)
+
+    def seconds(self, seqs: int) -> float:
+        return (self.base_ms + self.per_seq_ms * seqs) / 1000
+
+    def pad(self, seqs: int, spent_s: float) -> None:
+        """Sleep what a step of `seqs` sessions has left after the real `spent_s`."""
+        left = self.seconds(seqs) - spent_s
+        if left > 0:
+            time.sleep(left)
+
+
+@dataclass
+class Ask:
+    """One session's request for proposals."""
+
+    state: GapState
+    text: list[int]  # the session's decided text
+    k: int  # at most this many proposals
+    pick: Pick | None = None
+    fut: asyncio.Future | None = None
+
+
+class GapDrafter:
+    """Greedy proposals from a small torch model; the asks of all sessions that wait at
+    once are decoded as one batch."""
+
+    def __init__(self, model: Transformer, name: str,
+                 emulation: DraftEmulation = DraftEmulation()):
+        self.model, self.name, self.emulation = model, name, emulation
         self.ledger = Ledger()  # whether it pays (the engine asks and settles)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gap")
+        # Where draft steps run. The engine hands it the target's worker: a co-located
+        # drafter takes the device's time between the target's passes, as it would on a GPU.
+        self.executor: Executor = self._pool
+        self._asks: list[Ask] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.busy_s = 0.0  # seconds of draft batches
+        self.steps = 0  # batched draft steps
+        self.asked = self.batches = 0  # asks and batches so far
+        self.on_batch = None  # callback(seconds) per batch, for metrics
 
     @classmethod
     def load(cls, path: str | Path, vocab_hash: str, vocab: int, dtype: str = "float32",
-             device: str = "cpu", linear: str = "auto") -> GapDrafter:
+             device: str = "cpu", linear: str = "auto",
+             emulation: DraftEmulation = DraftEmulation()) -> GapDrafter:
         """The drafter at `path` (a .gguf file or an HF checkpoint folder), its linears as
         the target's (`--linear`). Raises ValueError unless it has the target's tokenizer
         (vocab_hash) and vocabulary size."""
@@ -250,7 +305,7 @@ class GapDrafter:
         select_linear(linear, model)
         log.info("gap drafter %s: %d layers, %.1fM params, proposes in lone passes", path.name,
                  model.args.num_layers, sum(p.numel() for p in model.parameters()) / 1e6)
-        return cls(model, path.name)
+        return cls(model, path.name, emulation)
 
     def open(self) -> GapState:
         return GapState(self.model.new_cache(256))
@@ -262,32 +317,94 @@ class GapDrafter:
         the engine passes the session's own verdict rule, so that in a coupled session the
         drafter's pick at a position is its Gumbel-max with the target's noise there, the
         edge's coupled drafting). The cache holds text afterwards, never the proposals."""
-        room = self.model.args.max_position_embeddings - len(text)
-        k = min(k, room)
-        if k <= 0 or not text:
-            return []
-        state.calls += 1
-        keep = min(state.fed, len(text) - 1)  # the last token is fed again: its logits
-        state.cache.truncate(keep)
-        out: list[int] = []
-        step = list(map(int, text[keep:]))
+        return self.propose_batch([Ask(state, list(text), k, pick)])[0]
+
+    def propose_batch(self, asks: Sequence[Ask]) -> list[list[int]]:
+        """Each ask's proposals, decoded together: one batched forward per draft step over
+        the asks still drafting (the first step feeds each session's text not yet in its
+        cache), each step padded to the emulated step time."""
+        outs: list[list[int]] = [[] for _ in asks]
+        ks = [min(a.k, self.model.args.max_position_embeddings - len(a.text)) if a.text else 0
+              for a in asks]
+        live, feed = [], []  # indices of the asks still drafting; what each feeds next
+        for i, a in enumerate(asks):
+            if ks[i] > 0:
+                a.state.calls += 1
+                keep = min(a.state.fed, len(a.text) - 1)  # the last token is fed again
+                a.state.cache.truncate(keep)
+                live.append(i)
+                feed.append(list(map(int, a.text[keep:])))
         with torch.inference_mode():
-            while len(out) < k:
-                logits = self.model.forward(step, state.cache, last_only=True)[-1]  # [V]
-                out.append(int(logits.argmax()) if pick is None
-                           else pick(logits.float().cpu().numpy(), len(text) + len(out)))
-                step = out[-1:]
-        state.cache.truncate(len(text))
-        state.fed = len(text)
-        return out
+            while live:
+                t0 = time.perf_counter()
+                rows = self.model.forward_batch([Request(f, asks[i].state.cache, None,
+                                                         last_only=True)
+                                                 for i, f in zip(live, feed)])
+                self.emulation.pad(len(live), time.perf_counter() - t0)
+                self.steps += 1
+                for i, row in zip(live, rows):
+                    self._pick(asks[i], outs[i], row[-1])
+                live = [i for i in live if len(outs[i]) < ks[i]]
+                feed = [outs[i][-1:] for i in live]
+        for i, a in enumerate(asks):
+            if ks[i] > 0:
+                a.state.cache.truncate(len(a.text))
+                a.state.fed = len(a.text)
+        return outs
+
+    @staticmethod
+    def _pick(ask: Ask, out: list[int], logits: torch.Tensor) -> None:
+        """Append the next proposal to `out`, from the drafter's logits [V]."""
+        out.append(int(logits.argmax()) if ask.pick is None else
+                   ask.pick(logits.float().cpu().numpy(), len(ask.text) + len(out)))
+
+    @property
+    def step_s(self) -> float:
+        """What one more proposal costs a session: a batched draft step's seconds over the
+        asks a batch serves, on average so far (0 before any)."""
+        if not self.steps:
+            return 0.0
+        return self.busy_s / self.steps * self.batches / max(1, self.asked)
 
     async def propose_async(self, state: GapState, text: Sequence[int], k: int,
                             pick: Pick | None = None) -> tuple[list[int], float]:
-        """propose() on the drafter's thread: (tokens, seconds it took there)."""
-        def run() -> tuple[list[int], float]:
+        """propose() batched with every other session's ask that is waiting, on
+        `self.executor`: (tokens, this session's share of the batch's seconds)."""
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self._wake = asyncio.Event()  # this loop's (a drafter may outlive a loop)
+            self._task = loop.create_task(self._worker())
+        ask = Ask(state, list(text), k, pick, loop.create_future())
+        self._asks.append(ask)
+        self._wake.set()
+        return await ask.fut
+
+    async def _worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            asks, self._asks = [a for a in self._asks if not a.fut.done()], []
+            if not asks:
+                continue
             t0 = time.perf_counter()
-            return self.propose(state, text, k, pick), time.perf_counter() - t0
-        return await asyncio.get_running_loop().run_in_executor(self._pool, run)
+            try:
+                outs = await loop.run_in_executor(self.executor, self.propose_batch, asks)
+            except Exception as e:  # noqa: BLE001 - a failed batch fails its asks only
+                log.exception("gap drafter batch of %d failed", len(asks))
+                outs = [e] * len(asks)
+            seconds = time.perf_counter() - t0
+            self.busy_s += seconds
+            self.asked, self.batches = self.asked + len(asks), self.batches + 1
+            if self.on_batch:
+                self.on_batch(seconds)
+            for a, out in zip(asks, outs):
+                if a.fut.done():
+                    continue
+                if isinstance(out, BaseException):
+                    a.fut.set_exception(out)
+                else:
+                    a.fut.set_result((out, seconds / len(asks)))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -41,6 +41,8 @@ class EngineConfig:
     max_depth: int = 8  # bounds for the adaptive shape
     max_window: int = 32
     gap: bool = True  # decided sessions: the verifier's gap drafter (if any) may propose
+    edge_drafts: bool = True  # decided sessions: False, the edge drafts nothing and the
+    # verifier speculates alone (the bench's colo and cloud-lookup rivals)
 
     def drafter_reserve(self) -> int:
         """Drafter KV cells one request may need beyond prompt + max_tokens: each of its

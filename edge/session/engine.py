@@ -13,7 +13,10 @@ Modes (EngineConfig.mode) and the wire protocol that serves each:
 All modes sample p~ exactly; greedy gives the same text in every mode. The Runner holds the
 committed text across connection attempts: if the verifier goes away, the engine reconnects
 with backoff and re-opens the session with the committed tokens, losing and duplicating
-nothing.
+nothing. A deadline (EngineConfig.reconnect_deadline_s, or connect_timeout_s before any
+session opened) bounds the whole outage: each attempt must connect, and re-open, within
+what is left of it, so a verifier that accepts connections but never answers (stopped,
+wedged, a black hole) costs no more than one that refuses them.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 
@@ -32,9 +35,12 @@ from acespec.edge.session.config import GROW_SEQS, EngineConfig, Stats
 from acespec.edge.session.driver import Driver, read_downlink
 from acespec.edge.session.exact import ExactDriver
 from acespec.edge.session.grow import GrowDriver
+from acespec.edge.session.no_draft import NoDraftDriver
 from acespec.edge.session.runner import OnTokens, Runner
 
 log = logging.getLogger(__name__)
+
+LAST_TRY_S = 0.25  # the least time left in a deadline worth another attempt
 
 
 class EdgeEngine:
@@ -56,7 +62,7 @@ class EdgeEngine:
         which no other request may use.
         Raises ConnectionError when the verifier cannot be reached (soon, if it never was),
         grpc.aio.AioRpcError when it refuses, GrantTooSmall when its grant is too small."""
-        if cfg.mode != "ar" and self.drafter is None:
+        if cfg.mode != "ar" and cfg.edge_drafts and self.drafter is None:
             raise ValueError(f"mode {cfg.mode!r} needs a drafter")
         if branch_seq is None:  # as many as the drafter has, up to GROW_SEQS
             limit = getattr(getattr(self.drafter, "config", None), "n_seq_max", seq + 7)
@@ -66,30 +72,38 @@ class EdgeEngine:
         retry = Reconnect(cfg)
         while not run.finished:
             try:
-                await self._attempt(run)
+                await self._attempt(run, retry.until(run))
             except (grpc.aio.AioRpcError, ConnectionError) as e:  # Lost is a ConnectionError
                 await retry.wait(e, run)
         run.stats.seconds = time.perf_counter() - run.t0
         return run.out, run.stats
 
-    async def _attempt(self, run: Runner) -> None:
-        """One connection attempt: a channel, a session in the mode's protocol, its driver."""
+    async def _attempt(self, run: Runner, until: float | None) -> None:
+        """One connection attempt: a channel, a session in the mode's protocol, its driver.
+        until (perf_counter): the channel must connect by then, and in an outage the
+        session re-open by then, or ConnectionError."""
         ch = self.connect()
         try:
+            if until is not None:
+                await _connected_by(ch, until)
+            # The first open may prefill a long prompt: only a re-open is bounded.
+            reopen_by = until if run.connected else None
             if run.cfg.mode == "ar":
-                await ArDriver(run, ch, self.vocab_hash, self.token).drive()
+                passes = run.stats.passes  # a token streamed: the verifier answers
+                await _by(ArDriver(run, ch, self.vocab_hash, self.token).drive(), reopen_by,
+                          lambda: run.stats.passes > passes)
             else:
-                await self._stream(run, CloudSession(ch, self.token))
+                await self._stream(run, CloudSession(ch, self.token), reopen_by)
         finally:
             if self.owns_channels:
                 await ch.close()
 
-    async def _stream(self, run: Runner, sess: CloudSession) -> None:
+    async def _stream(self, run: Runner, sess: CloudSession, until: float | None) -> None:
         run.attach(sess)
         inbox: asyncio.Queue = asyncio.Queue()
         reader = None
         try:
-            driver = await self._open(run, sess, inbox)
+            driver = await _by(self._open(run, sess, inbox), until)
             run.connected = True
             reader = asyncio.create_task(read_downlink(sess, inbox))
             await driver.drive()
@@ -109,6 +123,8 @@ class EdgeEngine:
             root = await sess.open_decided(run.context, cfg.serve, cfg.seed, self.vocab_hash,
                                            cfg.max_tokens - len(run.out), sorted(cfg.stop_ids),
                                            gap=cfg.gap)
+            if root is None and not cfg.edge_drafts:
+                return NoDraftDriver(run, sess, inbox)
             if root is None:
                 grow = sess.grows and cfg.grow_tree
                 return (GrowDriver if grow else ChainDriver)(run, sess, inbox)
@@ -141,39 +157,87 @@ def _retriable(e: Exception) -> bool:
 class Reconnect:
     """The resume policy of one request: exponential backoff for a connection that worked
     (the committed text is kept), but a quick, clear failure when no session ever opened:
-    a wrong address or a verifier that is down should not take half a minute to report."""
+    a wrong address or a verifier that is down should not take half a minute to report.
+    A deadline is a bound on the whole outage, attempts included (see `until`)."""
 
     def __init__(self, cfg: EngineConfig):
         self.cfg, self.t0 = cfg, time.perf_counter()
         self.delay, self.failures, self.progress = cfg.backoff_s, 0, 0
-        self.outage_t0 = time.perf_counter()
+        self.outage_t0: float | None = None  # when the current outage began
+
+    def until(self, run: Runner) -> float | None:
+        """When (perf_counter) the request gives up if no verifier answers: connect_timeout_s
+        after it began until a session opened, then the reconnect deadline after the
+        outage began; None: no deadline (max_reconnects counts attempts instead)."""
+        if not run.connected:
+            return self.t0 + self.cfg.connect_timeout_s
+        if self.outage_t0 is None or self.cfg.reconnect_deadline_s is None:
+            return None
+        return self.outage_t0 + self.cfg.reconnect_deadline_s
 
     async def wait(self, e: Exception, run: Runner) -> None:
         """Sleep before the next attempt, or raise when the request should fail now."""
         if not _retriable(e):
             raise e
-        cfg = self.cfg
-        if not run.connected and (time.perf_counter() - self.t0 + self.delay
-                                  > cfg.connect_timeout_s):
-            raise ConnectionError(f"no connection within {cfg.connect_timeout_s:g} s "
-                                  f"({_reason(e)})") from e
+        cfg, now = self.cfg, time.perf_counter()
         if len(run.out) > self.progress:  # the last session got somewhere: a new outage
             self.delay, self.failures, self.progress = cfg.backoff_s, 0, len(run.out)
         if self.failures == 0:
-            self.outage_t0 = time.perf_counter()
-        deadline = cfg.reconnect_deadline_s
-        if deadline is not None:
-            if time.perf_counter() - self.outage_t0 + self.delay > deadline:
-                raise ConnectionError(f"verifier unreachable for {deadline:g} s "
-                                      f"(reconnect deadline; {_reason(e)})") from e
-        elif self.failures >= cfg.max_reconnects:
+            self.outage_t0 = now
+        until = self.until(run)
+        if until is not None and until - now < LAST_TRY_S:
+            if not run.connected:
+                raise ConnectionError(f"no connection within {cfg.connect_timeout_s:g} s "
+                                      f"({_reason(e)})") from e
+            raise ConnectionError(f"verifier unreachable for {cfg.reconnect_deadline_s:g} s "
+                                  f"(reconnect deadline; {_reason(e)})") from e
+        if cfg.reconnect_deadline_s is None and self.failures >= cfg.max_reconnects:
             raise ConnectionError(f"verifier unreachable after {cfg.max_reconnects} "
                                   f"reconnects ({_reason(e)})") from e
+        # The last attempt comes at the deadline, with LAST_TRY_S to connect in.
+        delay = self.delay if until is None else min(self.delay, until - now - LAST_TRY_S)
         self.failures += 1
         run.stats.reconnects += 1
         # Before any session opened this is not an outage yet, only a slow start: no warning.
         log.log(logging.WARNING if run.connected else logging.INFO,
                 "verifier connection lost (%s); reconnecting in %.2f s with %d committed "
-                "tokens", _reason(e), self.delay, len(run.out))
-        await asyncio.sleep(self.delay)
-        self.delay = min(self.delay * 2, 8.0 if deadline is None else 2.0)
+                "tokens", _reason(e), delay, len(run.out))
+        await asyncio.sleep(delay)
+        self.delay = min(self.delay * 2, 8.0 if cfg.reconnect_deadline_s is None else 2.0)
+
+
+async def _connected_by(ch: grpc.aio.Channel, until: float) -> None:
+    """Return once the channel is connected, or has failed to (the call made on it next then
+    fails at once, with gRPC's reason); ConnectionError if it is still connecting at
+    `until` (perf_counter)."""
+    t0 = time.perf_counter()
+    state = ch.get_state(try_to_connect=True)
+    while state in (grpc.ChannelConnectivity.IDLE, grpc.ChannelConnectivity.CONNECTING):
+        change = asyncio.ensure_future(ch.wait_for_state_change(state))
+        try:
+            await asyncio.wait({change}, timeout=max(until - time.perf_counter(), 0))
+        finally:
+            change.cancel()  # a no-op once it is done
+        if not change.done() or change.cancelled():
+            raise ConnectionError("the verifier did not answer the connection within "
+                                  f"{until - t0:.1f} s")
+        state = ch.get_state(try_to_connect=True)
+
+
+async def _by(aw: Awaitable, until: float | None,
+              answered: Callable[[], bool] | None = None):
+    """aw's result; if it is still running at `until` (perf_counter; None: no bound) and
+    answered() is false, it is cancelled and ConnectionError raised. Unlike
+    asyncio.wait_for on Python 3.10/3.11, a cancellation of the caller is never lost."""
+    if until is None:
+        return await aw
+    task = asyncio.ensure_future(aw)
+    try:
+        await asyncio.wait({task}, timeout=max(until - time.perf_counter(), 0))
+        if not task.done() and not (answered and answered()):
+            task.cancel()
+            await asyncio.wait({task})  # let it unwind
+            raise ConnectionError("the verifier did not answer the re-opened session in time")
+        return await task
+    finally:
+        task.cancel()  # the caller was cancelled (a no-op once it is done)

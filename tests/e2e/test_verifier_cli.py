@@ -64,7 +64,7 @@ def test_bad_flags_are_clear_errors(hf_target, tmp_path):
     empty = tmp_path / "tokens"
     empty.write_text("\n")
     for extra, text in ((["--auth-token-file", str(empty)], "holds no tokens"),
-                        (["--emulate-step-ms", "-3"], "T0[,PER_NODE]"),
+                        (["--emulate-step-ms", "-3"], "T0[,PER_NODE[,KNEE]]"),
                         (["--tls-cert", str(empty)], "both --tls-cert and --tls-key")):
         proc = subprocess.run([sys.executable, "-m", "acespec", "cloud", "serve", "--model",
                                str(path), "--port", "0", *extra], capture_output=True, text=True,

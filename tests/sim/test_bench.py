@@ -77,6 +77,49 @@ def test_bench_gap_mode_beside_the_others_from_the_command_line(tiny_pair, tiny_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_the_rivals_beside_acespec_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path,
+                                                         temperature):
+    """`acespec bench --modes ar,colo,cloud-lookup,acespec`, greedy and coupled: the rivals
+    give ar's text; in them the edge drafts nothing, and colo's tokens come from the
+    verifier's drafter; every mode reports the verifier's seconds per 1k tokens and where
+    its tokens came from."""
+    import json
+    import subprocess
+    import sys
+
+    _, _, ggufs = tiny_pair
+    out = tmp_path / "rivals.json"
+    p = subprocess.run([sys.executable, "-P", "-m", "acespec", "bench", "--model",
+                        str(tiny_hf_dir), "--drafter", str(ggufs["q8_0"]), "--modes",
+                        "ar,colo,cloud-lookup,acespec", "--per-category", "1", "--max-tokens",
+                        "12", "--link", "loopback", "--emulate-step-ms", "5,0.1",
+                        "--emulate-cloud-draft-ms", "1,0.01", "--temperature",
+                        str(temperature), "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = {r["mode"]: r for r in json.loads(out.read_text())["summary"]}
+    n = len(load_prompts(per_category=1))
+    for mode in ("colo", "cloud-lookup", "acespec"):
+        assert rows[mode]["same_as_ar"] == f"{n}/{n}", mode
+    for mode, row in rows.items():
+        assert row["verifier_s_per_1k_tokens"] > 0, mode
+        assert row["tokens_from_lone_passes"] <= row["tokens"], mode
+    for mode in ("colo", "cloud-lookup"):
+        assert rows[mode]["tokens_from_edge_drafts"] == 0
+        assert rows[mode]["wire_bytes_up_per_token"] < rows["acespec"]["wire_bytes_up_per_token"]
+    assert rows["colo"]["gap_ms_per_token"] > 0 and rows["cloud-lookup"]["gap_ms_per_token"] == 0
+    assert rows["colo"]["tokens_from_proposals"] > 0
+    assert rows["ar"]["tokens_from_lone_passes"] == rows["ar"]["tokens"]
+
+
+def test_the_rivals_need_a_decided_session():
+    with pytest.raises(ValueError, match="colo, cloud-lookup need greedy or coupled"):
+        BenchConfig(links=parse_links("loopback"), modes=("ar", "colo", "cloud-lookup"),
+                    temperature=0.8, sampling="exact", gap_drafter="x.gguf")
+
+
+@pytest.mark.slow
 def test_bench_runs_the_verifier_in_the_dtype_asked_for_every_mode(tiny_pair, tiny_hf_dir,
                                                                   tmp_path):
     """`acespec bench --dtype bfloat16`: one verifier in bfloat16 serves `ar` and `acespec`

@@ -1,0 +1,278 @@
+"""Many users on one verifier: `acespec bench load`.
+
+One verifier (its own process, a step profile), and N clients at once, closed loop: each
+runs `requests` generations back to back, each on a real prompt, through a link of its own
+(the link proxy shapes every connection apart). The clients run as tasks in as few edge
+processes as the machine needs (`per_process` each, one llama.cpp drafter per process with a
+sequence set per client); their drafting is not charged to the verifier, which is what an
+edge on the user's own device costs the server. For each mode and N the bench reports what
+the users saw (per-client tokens/s p50 and p10, TTFT p50 and p90), what the server did
+(aggregate tokens/s, busy fraction, busy seconds and scored nodes per token), and at the end
+the goodput: the most clients whose p10 client still meets the SLO.
+
+Modes are the bench's: `ar` (cloud only), `acespec`, and the rivals that speculate at the
+verifier (`colo`, `cloud-lookup`; docs/design.md §3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from acespec.sim.stages import LinkSpec
+
+LOAD_MODES = ("ar", "acespec", "colo", "cloud-lookup")
+GPU_LIKE = "25,0.1,256"  # flat 25 ms up to 256 nodes a pass, then 0.1 ms per node
+SLO_SPEEDUP = 1.3  # per-client tokens/s >= this x ar's one-client rate, measured in the run
+SLO_TTFT_S = 2.0  # ... and TTFT p90 at most this
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    clients: tuple[int, ...] = (1, 2, 4, 8, 16)
+    modes: tuple[str, ...] = LOAD_MODES
+    link: str = "50kbit:50ms"
+    emulate: str = GPU_LIKE  # the verifier's --emulate-step-ms
+    cloud_draft: str = "5,0.05"  # the verifier's --emulate-cloud-draft-ms (colo)
+    propose: int = 8
+    requests: int = 2  # generations per client at each point, back to back
+    max_tokens: int = 64
+    temperature: float = 0.0
+    per_process: int = 16  # clients per edge process
+    slo_speedup: float = SLO_SPEEDUP
+    slo_ttft_s: float = SLO_TTFT_S
+    slo_tok_s: float | None = None  # per-client tokens/s; None: slo_speedup x ar's 1-client
+
+    def __post_init__(self):
+        bad = [m for m in self.modes if m not in LOAD_MODES]
+        if bad:
+            raise ValueError(f"unknown modes {bad}; bench load runs {', '.join(LOAD_MODES)}")
+        if not self.clients or any(n < 1 for n in self.clients):
+            raise ValueError(f"--clients wants counts >= 1, got {self.clients}")
+        if self.slo_tok_s is None and not ("ar" in self.modes and 1 in self.clients):
+            raise ValueError("the default SLO is relative to ar with 1 client: include ar and "
+                             "1 in --modes/--clients, or give --slo-tok-s")
+        if not 1 <= self.per_process <= 32:
+            raise ValueError(f"--per-process must be in [1, 32], got {self.per_process}")
+
+
+# -- what the users saw: statistics and goodput --------------------------------------------
+
+def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: float,
+          nodes: float) -> dict:
+    """One (mode, N) row from its per-request records {client, tokens, seconds, ttft_s}."""
+    per_client = {}
+    for r in records:
+        tok, sec = per_client.get(r["client"], (0, 0.0))
+        per_client[r["client"]] = (tok + r["tokens"], sec + r["seconds"])
+    rates = [tok / sec for tok, sec in per_client.values() if sec > 0]
+    ttft = [r["ttft_s"] for r in records if r.get("ttft_s") is not None]
+    tokens = sum(r["tokens"] for r in records)
+    return {"mode": mode, "clients": clients,
+            "per_client_tok_s_p50": _pct(rates, 50), "per_client_tok_s_p10": _pct(rates, 10),
+            "ttft_p50_s": _pct(ttft, 50, 3), "ttft_p90_s": _pct(ttft, 90, 3),
+            "aggregate_tok_s": round(tokens / wall_s, 2) if wall_s > 0 else 0.0,
+            "verifier_busy": round(min(1.0, busy_s / wall_s), 3) if wall_s > 0 else None,
+            "verifier_s_per_1k_tokens": round(1000 * busy_s / max(1, tokens), 2),
+            "nodes_per_token": round(nodes / max(1, tokens), 2),
+            "tokens": tokens, "requests": len(records)}
+
+
+def _pct(values: list[float], q: float, digits: int = 2) -> float | None:
+    return round(float(np.percentile(values, q)), digits) if values else None
+
+
+def slo_rate(runs: list[dict], cfg: LoadConfig) -> float:
+    """The per-client tokens/s the SLO asks: --slo-tok-s, or slo_speedup x ar's p50 with one
+    client in the same run."""
+    if cfg.slo_tok_s is not None:
+        return cfg.slo_tok_s
+    ar = next(r for r in runs if r["mode"] == "ar" and r["clients"] == 1)
+    return cfg.slo_speedup * ar["per_client_tok_s_p50"]
+
+
+def goodput(runs: list[dict], rate: float, ttft_s: float) -> dict[str, int]:
+    """Per mode, the most clients whose p10 client makes `rate` tokens/s with TTFT p90 at
+    most `ttft_s` (0: none does)."""
+    out: dict[str, int] = {}
+    for r in runs:
+        ok = (r["per_client_tok_s_p10"] or 0) >= rate and \
+            r["ttft_p90_s"] is not None and r["ttft_p90_s"] <= ttft_s
+        out[r["mode"]] = max(out.get(r["mode"], 0), r["clients"] if ok else 0)
+    return out
+
+
+def markdown(runs: list[dict]) -> str:
+    keys = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
+            "ttft_p90_s", "aggregate_tok_s", "verifier_busy", "verifier_s_per_1k_tokens",
+            "nodes_per_token")
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in runs]
+    return "\n".join(lines)
+
+
+def plot_frontier(runs: list[dict], folder: str) -> str:
+    """The frontier: aggregate tokens/s against per-client p10 tokens/s, one line per mode
+    (each point a client count). Returns the PNG's path."""
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode in dict.fromkeys(r["mode"] for r in runs):
+        rs = sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["clients"])
+        ax.plot([r["per_client_tok_s_p10"] for r in rs], [r["aggregate_tok_s"] for r in rs],
+                "o-", label=mode)
+        for r in rs:
+            ax.annotate(str(r["clients"]), (r["per_client_tok_s_p10"], r["aggregate_tok_s"]),
+                        fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("per-client tokens/s (p10)")
+    ax.set_ylabel("aggregate tokens/s")
+    ax.legend()
+    fig.tight_layout()
+    path = out / "frontier.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return str(path)
+
+
+# -- the runner ----------------------------------------------------------------------------
+
+def run_load(cfg: LoadConfig, model_dir: str, drafter: str, prompts: list[str],
+             progress=print) -> dict:
+    """Every mode at every client count on one verifier: {"runs", "goodput", "slo"}."""
+    from acespec.sim.bench import BenchConfig, _verifier_process, parse_links
+
+    (_, spec), = parse_links(cfg.link)
+    bcfg = BenchConfig(links=(), modes=cfg.modes, max_tokens=cfg.max_tokens,
+                       emulate=cfg.emulate, propose=cfg.propose, gap_drafter=drafter,
+                       cloud_draft=cfg.cloud_draft, temperature=cfg.temperature)
+
+    async def main() -> list[dict]:
+        runs = []
+        async with _verifier_process(bcfg, model_dir) as start:
+            async with start(None) as (host, port, _, meter):
+                for mode in cfg.modes:
+                    for n in cfg.clients:
+                        progress(f"{mode}, {n} clients ...")
+                        runs.append(await asyncio.to_thread(
+                            run_point, cfg, mode, n, host, port, meter, spec, drafter,
+                            prompts))
+                        r = runs[-1]
+                        progress(f"  per client p50 {r['per_client_tok_s_p50']} / p10 "
+                                 f"{r['per_client_tok_s_p10']} tok/s, aggregate "
+                                 f"{r['aggregate_tok_s']} tok/s, busy {r['verifier_busy']}")
+        return runs
+
+    runs = asyncio.run(main())
+    rate = slo_rate(runs, cfg)
+    return {"runs": runs, "goodput": goodput(runs, rate, cfg.slo_ttft_s),
+            "slo": {"per_client_tok_s": round(rate, 2), "ttft_p90_s": cfg.slo_ttft_s}}
+
+
+def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
+              spec: LinkSpec, drafter: str, prompts: list[str]) -> dict:
+    """N clients at once in ceil(N / per_process) edge processes; one row. meter: the
+    verifier's counters (acespec.sim.bench.Meter)."""
+    from acespec.procs import python_module
+
+    procs = math.ceil(n / cfg.per_process)
+    start_at = time.time() + 3.0 + procs  # every process loads its drafter, then all start
+    job = {"host": host, "port": port, "mode": mode, "drafter": drafter, "prompts": prompts,
+           "requests": cfg.requests, "max_tokens": cfg.max_tokens,
+           "temperature": cfg.temperature, "spec": asdict(spec), "start_at": start_at}
+    workers = []
+    for w in range(procs):
+        mine = list(range(w, n, procs))
+        workers.append(subprocess.Popen(
+            python_module("acespec.sim.load") + [json.dumps({**job, "clients": mine})],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    while time.time() < start_at:
+        time.sleep(0.01)
+    busy0, nodes0, t0 = meter.busy(), meter.nodes(), time.perf_counter()
+    records = []
+    for w in workers:
+        out, err = w.communicate(timeout=1800)
+        if w.returncode:
+            raise RuntimeError(f"bench load: an edge process failed ({w.returncode}): "
+                               f"{err[-2000:]}")
+        records += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    wall = max((r["end"] for r in records), default=start_at) - start_at
+    return point(mode, n, records, wall or time.perf_counter() - t0, meter.busy() - busy0,
+                 meter.nodes() - nodes0)
+
+
+# -- one edge process: its clients as tasks -------------------------------------------------
+
+async def _clients(job: dict) -> None:
+    import grpc
+
+    from acespec.edge.client import CHANNEL_OPTIONS
+    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
+    from acespec.edge.session import EdgeEngine, EngineConfig
+    from acespec.edge.session.config import GROW_SEQS
+    from acespec.edge.text import TextCodec
+    from acespec.shared.config import SamplingParams
+    from acespec.shared.served import ServeParams
+    from acespec.sim.bench import GAP_MODES, NO_EDGE_DRAFTS, engine_mode
+    from acespec.sim.proxy import ProxyThread
+
+    clients, mode = job["clients"], job["mode"]
+    seqs = 1 + len(clients) * (1 + GROW_SEQS)
+    drafter = LlamaDrafter(job["drafter"], LlamaDrafterConfig(
+        n_seq_max=seqs, n_ctx=max(4096, 768 * len(clients))))
+    codec = TextCodec.from_drafter(drafter)
+    proxy = ProxyThread(job["host"], job["port"], spec=LinkSpec(**job["spec"]),
+                        seed=clients[0])
+    via = f"127.0.0.1:{await proxy.start()}"
+    ecfg = EngineConfig(mode=engine_mode(mode), adaptive=True, depth=8, window=8,
+                        max_depth=8, max_window=32, max_tokens=job["max_tokens"],
+                        serve=ServeParams(SamplingParams(job["temperature"], coupled=True)),
+                        gap=mode in GAP_MODES, edge_drafts=mode not in NO_EDGE_DRAFTS)
+    prompts = [codec.encode(p) for p in job["prompts"]]
+
+    async def client(i: int, slot: int) -> None:
+        # Channel arguments of its own: gRPC would otherwise share one connection (one link)
+        # among the channels of a process.
+        ch = grpc.aio.insecure_channel(via, options=CHANNEL_OPTIONS + [("acespec.client", i)])
+        engine = EdgeEngine(lambda: ch, codec.vocab_hash, drafter, owns_channels=False)
+        seq = 1 + slot
+        branches = list(range(1 + len(clients) + slot * GROW_SEQS,
+                              1 + len(clients) + (slot + 1) * GROW_SEQS))
+        try:
+            for k in range(job["requests"]):
+                prompt = prompts[(i + k * 7) % len(prompts)]
+                t0 = time.perf_counter()
+                _, stats = await engine.generate(prompt, ecfg, seq=seq, branch_seq=branches)
+                drafter.drop(seq)
+                for b in branches:
+                    drafter.drop(b)
+                print(json.dumps({"client": i, "tokens": stats.tokens,
+                                  "seconds": time.perf_counter() - t0,
+                                  "ttft_s": stats.first_token_s, "end": time.time()}),
+                      flush=True)
+        finally:
+            await ch.close()
+
+    await asyncio.sleep(max(0.0, job["start_at"] - time.time()))
+    try:
+        await asyncio.gather(*(client(i, slot) for slot, i in enumerate(clients)))
+    finally:
+        await proxy.stop()
+        drafter.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(_clients(json.loads(sys.argv[1])))

@@ -1,0 +1,92 @@
+"""`acespec bench load`: its statistics and goodput on synthetic records, and the command
+from the shell on the tiny pair (two modes, one and two clients)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from acespec.cloud.verify.batcher import StepEmulation
+from acespec.sim.load import LoadConfig, goodput, point, slo_rate
+
+
+def _records(rates: list[float], ttft: float = 0.3, tokens: int = 64) -> list[dict]:
+    """One generation per client at these tokens/s."""
+    return [{"client": i, "tokens": tokens, "seconds": tokens / r, "ttft_s": ttft, "end": 0.0}
+            for i, r in enumerate(rates)]
+
+
+def test_a_point_summarises_its_clients():
+    recs = _records([10.0] * 9 + [2.0]) + [{"client": 0, "tokens": 64, "seconds": 6.4,
+                                           "ttft_s": 3.0, "end": 0.0}]
+    row = point("acespec", 10, recs, wall_s=40.0, busy_s=30.0, nodes=1408)
+    assert row["per_client_tok_s_p50"] == 10.0
+    assert row["per_client_tok_s_p10"] == pytest.approx(9.2)  # numpy's linear percentile
+    assert row["tokens"] == 704 and row["aggregate_tok_s"] == 17.6
+    assert row["verifier_busy"] == 0.75 and row["nodes_per_token"] == 2.0
+    assert row["verifier_s_per_1k_tokens"] == round(1000 * 30 / 704, 2)
+    assert row["ttft_p90_s"] == 0.3  # 10 of the 11 generations started in 0.3 s
+
+
+def test_goodput_is_the_most_clients_whose_p10_meets_the_slo():
+    runs = [point("ar", 1, _records([20.0]), 3.2, 3.0, 64),
+            point("acespec", 1, _records([50.0]), 1.3, 1.0, 64),
+            point("acespec", 4, _records([40.0, 38.0, 36.0, 30.0]), 2.0, 1.9, 256),
+            point("acespec", 8, _records([30.0] * 8), 2.2, 2.1, 512),
+            point("colo", 4, _records([40.0] * 4, ttft=2.5), 1.7, 1.6, 256)]
+    cfg = LoadConfig(clients=(1, 4, 8), modes=("ar", "acespec", "colo"))
+    rate = slo_rate(runs, cfg)
+    assert rate == pytest.approx(26.0)  # 1.3 x ar's one-client 20 tok/s
+    # acespec's p10 at 4 clients is 31.8 >= 26, at 8 clients 30; colo misses on TTFT
+    assert goodput(runs, rate, 2.0) == {"ar": 0, "acespec": 8, "colo": 0}
+    assert goodput(runs, 31.0, 2.0) == {"ar": 0, "acespec": 4, "colo": 0}
+    assert goodput(runs, 26.0, 3.0)["colo"] == 4
+
+
+def test_the_default_slo_needs_ar_with_one_client():
+    with pytest.raises(ValueError, match="include ar and 1"):
+        LoadConfig(clients=(2, 4), modes=("ar", "acespec"))
+    LoadConfig(clients=(2, 4), modes=("acespec",), slo_tok_s=30.0)
+    with pytest.raises(ValueError, match="unknown modes"):
+        LoadConfig(modes=("ar", "sd"))
+
+
+def test_a_gpu_like_step_is_flat_to_its_knee():
+    step = StepEmulation.parse("25,0.1,256")
+    assert step.seconds(1) == step.seconds(256) == 0.025
+    assert step.seconds(356) == pytest.approx(0.035)
+    assert StepEmulation.parse("40,0.5").seconds(10) == pytest.approx(0.045)
+    for bad in ("25,0.1,2.5", "1,2,3,4", "x", "-1"):
+        with pytest.raises(ValueError, match="emulate-step-ms"):
+            StepEmulation.parse(bad)
+
+
+@pytest.mark.slow
+def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("matplotlib")
+    _, _, ggufs = tiny_pair
+    out = tmp_path / "load.json"
+    p = subprocess.run([sys.executable, "-P", "-m", "acespec", "bench", "load", "--model",
+                        str(tiny_hf_dir), "--drafter", str(ggufs["q8_0"]), "--modes",
+                        "ar,acespec,colo", "--clients", "1,2", "--requests", "1",
+                        "--per-category", "1", "--max-tokens", "12", "--link", "loopback",
+                        "--emulate-step-ms", "5,0.1,64", "--per-process", "1",
+                        "--out", str(out), "--plot", str(tmp_path / "plots")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = {(r["mode"], r["clients"]): r for r in result["runs"]}
+    assert set(rows) == {(m, n) for m in ("ar", "acespec", "colo") for n in (1, 2)}
+    for (mode, n), r in rows.items():
+        assert r["requests"] == n and r["tokens"] == 12 * n, (mode, n)
+        assert r["per_client_tok_s_p10"] > 0 and 0 < r["verifier_busy"] <= 1
+        assert r["verifier_s_per_1k_tokens"] > 0 and r["nodes_per_token"] >= 1
+    assert set(result["goodput"]) == {"ar", "acespec", "colo"}
+    assert result["slo"]["per_client_tok_s"] == pytest.approx(
+        1.3 * rows["ar", 1]["per_client_tok_s_p50"], rel=0.01)
+    assert (tmp_path / "plots" / "frontier.png").stat().st_size > 1000
+    assert "goodput (clients whose p10 makes" in p.stdout
