@@ -51,6 +51,10 @@ def add_parser(sub) -> None:
     g.add_argument("--seed", type=number(int, 0, U64), default=0)
     g.add_argument("--auth-token-file", help="bearer token for the verifier")
     g.add_argument("--tls-ca", help="PEM root certificate: connect with TLS")
+    g.add_argument("--reconnect-deadline", type=number(float, 0.0), default=30.0, metavar="S",
+                   help="when the verifier goes away mid-generation, retry this long in all "
+                   "(each attempt included) and resume with the committed text; then give "
+                   "up (default: %(default)s)")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object {text, token_ids, stats} at the end")
     g.add_argument("--chat", action="store_true",
@@ -244,7 +248,8 @@ def run_generate(args) -> int:
         serve = ServeParams(SamplingParams(args.temperature, args.top_k, args.top_p,
                                            coupled=args.sampling == "coupled"),
                             send_mass=args.send_mass)
-        cfg = engine_config(args, serve=serve, seed=args.seed, max_tokens=args.max_tokens)
+        cfg = engine_config(args, serve=serve, seed=args.seed, max_tokens=args.max_tokens,
+                            reconnect_deadline_s=args.reconnect_deadline)
         token = read_token_file(args.auth_token_file) if args.auth_token_file else None
         root_cert = _read_file("--tls-ca", args.tls_ca) if args.tls_ca else None
         pairs.apply(args)
