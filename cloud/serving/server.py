@@ -23,6 +23,7 @@ from acespec.shared.served import ServeParams
 
 log = logging.getLogger(__name__)
 
+DRAIN_FRACTION = 0.8  # of the grace period: then what is still open ends with UNAVAILABLE
 LOST_LINGER_S = 1.0  # after a lost rank, calls get UNAVAILABLE naming it this long, then exit
 LOST_EXIT_S = 15.0  # ... and the process leaves by then even if a pass is stuck in a collective
 
@@ -224,12 +225,30 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
     else:
         log.warning("shutting down: draining %d sessions (grace %.0f s)", engine.active,
                     cfg.grace_s)
-        await server.stop(cfg.grace_s)
+        server.verifier.draining = True
+        await _drain(server, engine, cfg.grace_s)
     await engine.close_all()
     _stop_ranks(engine)
     if failed:
         raise ServeFailed(f"tensor parallelism lost: {failed[0]}; the verifier stopped")
     log.warning("verifier stopped")
+
+
+async def _drain(server, engine: Engine, grace_s: float) -> None:
+    """Stop taking calls and give the open ones grace_s. Those still open near its end are
+    ended with UNAVAILABLE (their edges resume elsewhere) rather than cut by the stop."""
+    from acespec.cloud.errors import Unavailable
+
+    stopping = asyncio.create_task(server.stop(grace_s))
+    end = asyncio.get_running_loop().time() + grace_s * DRAIN_FRACTION
+    while engine.active and asyncio.get_running_loop().time() < end:
+        await asyncio.sleep(0.05)
+    if engine.active:
+        reason = "the verifier is shutting down (its grace period ended)"
+        log.warning("ending %d sessions with UNAVAILABLE: %s", engine.active, reason)
+        server.verifier.fail_all(reason)
+        engine.batcher.fail_pending(Unavailable(reason))
+    await stopping
 
 
 def _stop_ranks(engine: Engine) -> None:

@@ -72,6 +72,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.write_timeout_s = write_timeout_s
         self._last_io: dict[int, float] = {}  # id(context) -> last message either way
         self.lost: str | None = None  # why no pass can run any more (fail_all)
+        self.draining = False  # the server is stopping: sessions get its grace period
         self._lost: asyncio.Future | None = None  # done with that reason
 
     def fail_all(self, reason: str) -> None:
@@ -174,7 +175,11 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         try:
             await self._session(context, opened)
         except asyncio.CancelledError:
-            log.info("session %s cancelled by the client", opened[0] if opened else "(unopened)")
+            name = opened[0] if opened else "(unopened)"
+            if self.draining:  # the server's stop cancels what outlived the grace period:
+                log.warning("session %s cut: the shutdown's grace period ended", name)
+                return  # an end foreseen, not an error for gRPC to log as one
+            log.info("session %s cancelled by the client", name)
             raise
         except Exception as e:  # noqa: BLE001 - domain errors keep their code; others INTERNAL
             self._close(opened)  # first: a client that does not read may never take the status
@@ -401,6 +406,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                                                                 passes=count))
             await self._write(context, pb.GenerateChunk(done=True, passes=count))
         except asyncio.CancelledError:
+            if self.draining:
+                log.warning("Generate cut: the shutdown's grace period ended")
+                return
             log.info("Generate cancelled by the client")
             raise
         except Exception as e:  # noqa: BLE001 - domain errors keep their code; others INTERNAL

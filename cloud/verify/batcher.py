@@ -122,11 +122,14 @@ class Batcher:
         self.passes = 0
         self.requests_scored = 0
         self.busy_s = 0.0  # seconds in passes
+        self._refusing: BaseException | None = None  # fail_pending's error, for every request
 
     async def score(self, req: Request, grant: Callable[[], int] | None = None
                     ) -> torch.Tensor:
         """Logits for one request ([n, V], or [1, V] with last_only), scored in the next
         passes. grant: how many of its nodes one pass may score (None: all)."""
+        if self._refusing is not None:
+            raise self._refusing
         loop = asyncio.get_running_loop()
         if self._task is None:
             self._task = loop.create_task(self._worker())
@@ -220,6 +223,16 @@ class Batcher:
             job.start = r.cache.length
         parents = None if r.parents is None else list(r.parents[job.done:end])
         return Request(list(r.tokens[job.done:end]), r.cache, parents, r.last_only)
+
+    def fail_pending(self, error: BaseException) -> None:
+        """Fail every queued request with `error` (their sequences' KV as before them), and
+        every later one: no pass will run for them (the server is going away)."""
+        self._refusing = error
+        for job in list(self._jobs):
+            if job.start >= 0:
+                job.req.cache.truncate(job.start)
+            self._jobs.remove(job)
+            _resolve(job.fut, error)
 
     def _on_done(self, fut: asyncio.Future) -> None:
         if fut.cancelled():  # its caller gave up: let the worker drop it (and its KV) now
