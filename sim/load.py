@@ -28,7 +28,7 @@ import numpy as np
 
 from acespec.sim.stages import LinkSpec
 
-LOAD_MODES = ("ar", "acespec", "colo", "cloud-lookup", "acespec-gap")
+LOAD_MODES = ("ar", "acespec", "colo", "cloud-lookup")
 GPU_LIKE = "25,0.1,256"  # flat 25 ms up to 256 nodes a pass, then 0.1 ms per node
 SLO_SPEEDUP = 1.3  # per-client tokens/s >= this x ar's one-client rate, measured in the run
 SLO_TTFT_S = 2.0  # ... and TTFT p90 at most this
@@ -37,7 +37,7 @@ SLO_TTFT_S = 2.0  # ... and TTFT p90 at most this
 @dataclass(frozen=True)
 class LoadConfig:
     clients: tuple[int, ...] = (1, 2, 4, 8, 16)
-    modes: tuple[str, ...] = LOAD_MODES[:4]
+    modes: tuple[str, ...] = LOAD_MODES
     link: str = "50kbit:50ms"
     emulate: str = GPU_LIKE  # the verifier's --emulate-step-ms
     cloud_draft: str = "5,0.05"  # the verifier's --emulate-cloud-draft-ms (colo)

@@ -207,16 +207,14 @@ class Batcher:
         waits no longer than that."""
         keys = {j.key for j in heads}
         others = decode_nodes > 0 or len(keys) > 1 or any(k not in keys for k in self._recent)
-        base, per_node, knee = self.cost.hinge()
+        base, per_node = self.cost.fit()
         if per_node <= 0:
             return self.max_batch_nodes
-        if others:  # cost(decode + c) <= (1 + slack) cost(decode), cost = base + slope (n - knee)+
-            d = max(decode_nodes, 1)
-            target = (1 + PREFILL_SLACK) * (base + per_node * max(0, d - knee))
-            spare = knee + (target - base) / per_node - d
+        if others:
+            spare = PREFILL_SLACK * (base + per_node * max(decode_nodes, 1)) / per_node
         else:
-            spare = knee + (PREFILL_ALONE_S - base) / per_node
-        return min(self.max_batch_nodes, max(PREFILL_MIN, int(spare)))
+            spare = (PREFILL_ALONE_S - base) / per_node
+        return max(PREFILL_MIN, int(spare))
 
     @staticmethod
     def _chunk(job: Job, n: int) -> Request:

@@ -24,10 +24,8 @@ from acespec.cloud.target.model import Request, Transformer
 from acespec.cloud.verify.batcher import Batcher, StepEmulation
 from acespec.cloud.verify.decided import DecidedSession, DecideLimits, decide
 from acespec.cloud.verify.gap import GapDrafter
-from acespec.cloud.verify.pressure import Pressure
 from acespec.cloud.verify.proposals import Depth
 from acespec.cloud.verify.session import TreeSession
-from acespec.cloud.verify.share import FLOOR
 from acespec.proto import PROTOCOL_VERSION
 from acespec.shared.served import NodeScore, ServeParams
 
@@ -86,13 +84,11 @@ class Engine:
     gap: GapDrafter | None = None  # proposes in decided sessions' lone passes (cloud.gap)
 
     def __post_init__(self) -> None:
-        self.pressure = Pressure()  # how full the passes are (load-aware speculation)
-        self.batcher = Batcher(self.model, self.limits.max_batch_nodes, self.emulation,
-                               self._on_pass)
+        on_pass = self.metrics.on_pass if self.metrics else None
+        self.batcher = Batcher(self.model, self.limits.max_batch_nodes, self.emulation, on_pass)
         self.sessions: dict[str, TreeSession] = {}
         self._ids: dict[int, str] = {}  # id(session) -> its session id, for the metrics
         self.depth = Depth(max(1, self.limits.propose))  # lone passes' proposals worth scoring
-        self.depth.cost = self.batcher.cost  # the passes' measured cost, all sessions in them
         self.generating = 0  # Generate calls running now
         if self.metrics:
             self.metrics.sessions_active.set_function(lambda: self.active)
@@ -101,11 +97,6 @@ class Engine:
             # time between passes (and the verifier's busy time counts it).
             self.gap.executor = self.batcher.executor
             self.gap.on_batch = self.metrics.on_draft if self.metrics else None
-
-    def _on_pass(self, stats) -> None:
-        self.pressure.on_pass(stats.sessions, stats.nodes)
-        if self.metrics:
-            self.metrics.on_pass(stats)
 
     @property
     def active(self) -> int:
@@ -182,7 +173,7 @@ class Engine:
 
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
         """One forward pass of a decided session: (first position, decided tokens)."""
-        tokens = session.plan_pass(lookup_proposals=False, budget=self._budget(session))
+        tokens = session.plan_pass(lookup_proposals=False, budget=session.share.nodes())
         lone = await self._lone_proposals(session, len(tokens)) \
             if session.proposal_room else None
         if lone:
@@ -194,9 +185,9 @@ class Engine:
         logits = await self.batcher.score(Request(tokens, session.cache,
                                                   None if chain else parents))
         pass_s = time.perf_counter() - t0  # what one pass saved is worth
+        self.depth.cost.observe(len(tokens), pass_s)
         start, new = session.finish_pass(logits.cpu().numpy(), pass_s)
         session.share.settle(len(tokens) - 1, len(session.walked))
-        self.pressure.on_decided(len(new))
         self._report_share(session)
         if lone:
             self._settle_proposals(lone, session.counts.proposed - before[0],
@@ -207,14 +198,6 @@ class Engine:
         else:
             session.cache.retain(keep)  # the walked branch, compacted
         return start, new
-
-    def _budget(self, session: DecidedSession) -> int:
-        """Speculative nodes the session's next pass may score: its earned share, or only
-        the floor while a node accepted as often as its are is not worth its marginal cost
-        in passes as full as the recent ones (docs/design.md §3)."""
-        if self.pressure.worth(session.share.efficiency, self.batcher.cost.seconds):
-            return session.share.nodes()
-        return FLOOR
 
     def _settle_proposals(self, lone: Lone, proposed: int, accepted: int, new: list[int],
                           pass_s: float) -> None:
@@ -232,14 +215,9 @@ class Engine:
         gap drafter's where the session has one and its ledger says it pays, else (or when it
         proposes nothing) prompt lookup's. None when none is worth scoring."""
         looked, order = session.looked_up()  # lookup's: free, and the drafter's baseline
-        base = self.pressure.others(fed)  # what the other sessions bring to the pass
-        lone = Lone("lookup", order, looked[:self.depth.depth(order, len(looked), fed,
-                                                              base=base)])
+        lone = Lone("lookup", order, looked[:self.depth.depth(order, len(looked), fed)])
         if session.gap is not None and self.gap.ledger.worth():
-            # Beside other sessions a draft step is device time they wait for too (alone,
-            # the gap drafter's ledger weighs what it costs this session).
-            extra = self.gap.step_s if base[0] else 0.0
-            k = self.depth.depth(0, session.proposal_room, fed, extra, base=base)
+            k = self.depth.depth(0, session.proposal_room, fed)
             proposals, gap_s = (await self.gap.propose_async(
                 session.gap, list(session.tokens), k,
                 None if session.params.sampling.greedy else session.pick)
