@@ -277,8 +277,6 @@ class GapDrafter:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.busy_s = 0.0  # seconds of draft batches
-        self.steps = 0  # batched draft steps
-        self.asked = self.batches = 0  # asks and batches so far
         self.on_batch = None  # callback(seconds) per batch, for metrics
 
     @classmethod
@@ -341,7 +339,6 @@ class GapDrafter:
                                                          last_only=True)
                                                  for i, f in zip(live, feed)])
                 self.emulation.pad(len(live), time.perf_counter() - t0)
-                self.steps += 1
                 for i, row in zip(live, rows):
                     self._pick(asks[i], outs[i], row[-1])
                 live = [i for i in live if len(outs[i]) < ks[i]]
@@ -357,14 +354,6 @@ class GapDrafter:
         """Append the next proposal to `out`, from the drafter's logits [V]."""
         out.append(int(logits.argmax()) if ask.pick is None else
                    ask.pick(logits.float().cpu().numpy(), len(ask.text) + len(out)))
-
-    @property
-    def step_s(self) -> float:
-        """What one more proposal costs a session: a batched draft step's seconds over the
-        asks a batch serves, on average so far (0 before any)."""
-        if not self.steps:
-            return 0.0
-        return self.busy_s / self.steps * self.batches / max(1, self.asked)
 
     async def propose_async(self, state: GapState, text: Sequence[int], k: int,
                             pick: Pick | None = None) -> tuple[list[int], float]:
@@ -395,7 +384,6 @@ class GapDrafter:
                 outs = [e] * len(asks)
             seconds = time.perf_counter() - t0
             self.busy_s += seconds
-            self.asked, self.batches = self.asked + len(asks), self.batches + 1
             if self.on_batch:
                 self.on_batch(seconds)
             for a, out in zip(asks, outs):
