@@ -4,6 +4,7 @@ decode Scores down into `acespec.shared` types. Used by the edge engine and the 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -115,11 +116,18 @@ class CloudSession:
         self.messages_up = 0  # uplink messages written
         self.server_s = 0.0  # the last Scores' time at the verifier (queue + pass), seconds
         self.grows = False  # the verifier takes Grow (tree) messages in decided sessions
+        # perf_counter since which the verifier owes a message (None: nothing owed): from
+        # the first uplink message, an open session always owes the next one (decided:
+        # the next pass; tree: Scores for nodes in flight) until the verifier says done.
+        # The edge's stall detection reads it.
+        self.owed_since: float | None = None
         self._half_closed = False
 
     async def _write(self, msg: pb.Uplink) -> None:
         self.bytes_up += msg.ByteSize() + FRAMING
         self.messages_up += 1
+        if self.owed_since is None:
+            self.owed_since = time.perf_counter()
         try:
             await self._call.write(msg)
         except asyncio.InvalidStateError:  # the verifier ended the stream while we wrote
@@ -214,6 +222,8 @@ class CloudSession:
         kind = msg.WhichOneof("msg")
         if kind == "decided":
             d = msg.decided
+            if d.done:
+                self.owed_since = None
             return Decided(d.position, list(d.tokens), d.passes, d.done,
                            decode_counts(d.counts) if d.HasField("counts") else None,
                            d.acked, d.held_us * 1e-6)
@@ -227,6 +237,7 @@ class CloudSession:
         if msg is grpc.aio.EOF:
             raise ConnectionError("verifier closed the session stream")
         self.bytes_down += msg.ByteSize() + FRAMING
+        self.owed_since = time.perf_counter()
         return msg
 
     async def done_writing(self) -> None:

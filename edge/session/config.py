@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from acespec.edge.session.offline import OFFLINE_MODES
 from acespec.edge.speculation.branches import CacheConfig, CacheStats
 from acespec.shared.config import with_deprecated
 from acespec.shared.served import ServeParams
@@ -43,6 +44,10 @@ class EngineConfig:
     gap: bool = True  # decided sessions: the verifier's gap drafter (if any) may propose
     edge_drafts: bool = True  # decided sessions: False, the edge drafts nothing and the
     # verifier speculates alone (the bench's colo and cloud-lookup rivals)
+    offline: str = "wait"  # while the verifier cannot be reached: wait (lossless pause) or
+    # local (answer from the drafter, every token flagged unverified; acespec.edge.session.offline)
+    stall_s: float | None = None  # a session silent this long while owing an answer counts
+    # as down (None: the mode's default, offline.STALL_S)
 
     def drafter_reserve(self) -> int:
         """Drafter KV cells one request may need beyond prompt + max_tokens: each of its
@@ -56,6 +61,10 @@ class EngineConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.depth < 1 or self.window < self.depth:
             raise ValueError("need depth >= 1 and window >= depth")
+        if self.offline not in OFFLINE_MODES:
+            raise ValueError(f"offline must be one of {OFFLINE_MODES}, got {self.offline!r}")
+        if self.stall_s is not None and self.stall_s <= 0:
+            raise ValueError(f"stall_s must be > 0, got {self.stall_s}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not 0 <= self.seed < 2**64:
@@ -90,6 +99,13 @@ class Stats:
     tree_width: int = 0  # decided sessions with a speculation tree: most live nodes at one
     tree_depth: int = 0  # position, and the deepest live position ahead (maxima seen)
     verdicts: dict = field(default_factory=dict)  # speculation tree: decided tokens by verdict
+    outages: int = 0  # times the link went down during this request
+    offline_s: float = 0.0  # seconds it was down
+    unverified_tokens: int = 0  # local mode: tokens answered from the drafter alone
+    unverified_confirmed: int = 0  # ... of which verified as they were
+    unverified_replaced: int = 0  # ... of which replaced by the verified text
+    unverified_tail: list[int] = field(default_factory=list)  # the request ended on them:
+    # the verifier never came back (reconnect deadline), so they stay unverified
 
     def note_tree(self, width: int, depth: int) -> None:
         self.tree_width, self.tree_depth = max(self.tree_width, width), max(self.tree_depth, depth)
@@ -164,5 +180,10 @@ class Stats:
                 "adaptive_depth": self.depth, "adaptive_window": self.window,
                 "shape_changes": self.shape_changes, "link_estimate": self.link,
                 **self.idle_figures(),
+                "outages": self.outages, "offline_s": round(self.offline_s, 3),
+                "unverified_tokens": self.unverified_tokens,
+                "unverified_confirmed": self.unverified_confirmed,
+                "unverified_replaced": self.unverified_replaced,
+                "unverified_tail_tokens": len(self.unverified_tail),
                 "ttft_s": round(self.first_token_s, 4) if self.first_token_s is not None else None,
                 "seconds": round(self.seconds, 3)})

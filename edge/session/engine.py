@@ -16,7 +16,9 @@ with backoff and re-opens the session with the committed tokens, losing and dupl
 nothing. A deadline (EngineConfig.reconnect_deadline_s, or connect_timeout_s before any
 session opened) bounds the whole outage: each attempt must connect, and re-open, within
 what is left of it, so a verifier that accepts connections but never answers (stopped,
-wedged, a black hole) costs no more than one that refuses them.
+wedged, a black hole) costs no more than one that refuses them. While the link is down the
+request waits, or answers from the drafter, unverified (EngineConfig.offline;
+acespec.edge.session.offline); a session silent too long counts as down too.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from acespec.edge.client import CloudSession
 from acespec.edge.session.ar import ArDriver
 from acespec.edge.session.chain import ChainDriver
 from acespec.edge.session.config import GROW_SEQS, EngineConfig, Stats
-from acespec.edge.session.driver import Driver, read_downlink
+from acespec.edge.session.driver import Driver, Lost, read_downlink
 from acespec.edge.session.exact import ExactDriver
 from acespec.edge.session.grow import GrowDriver
 from acespec.edge.session.no_draft import NoDraftDriver
+from acespec.edge.session.offline import OnEvent
 from acespec.edge.session.runner import OnTokens, Runner
 
 log = logging.getLogger(__name__)
@@ -53,13 +56,16 @@ class EdgeEngine:
 
     async def generate(self, prompt: Sequence[int], cfg: EngineConfig,
                        on_tokens: OnTokens | None = None,
-                       seq: int = 0, branch_seq: int | Sequence[int] | None = None
-                       ) -> tuple[list[int], Stats]:
+                       seq: int = 0, branch_seq: int | Sequence[int] | None = None,
+                       on_event: OnEvent | None = None) -> tuple[list[int], Stats]:
         """Decode up to cfg.max_tokens after `prompt`; returns (tokens, stats). on_tokens is
         called with each newly committed token (and the running stats). `seq` is the
         drafter sequence this request may use (one per concurrent request); acespec mode
         builds its branches on `branch_seq` (default seq + 1..seq + 6; a list gives several),
-        which no other request may use.
+        which no other request may use. on_event gets the link's events (down, up) and, in
+        local offline mode, the unverified tokens and how they were settled
+        (acespec.edge.session.offline); returned tokens are verified ones only, and
+        stats.unverified_tail holds what stayed unverified if the verifier never came back.
         Raises ConnectionError when the verifier cannot be reached (soon, if it never was),
         grpc.aio.AioRpcError when it refuses, GrantTooSmall when its grant is too small."""
         if cfg.mode != "ar" and cfg.edge_drafts and self.drafter is None:
@@ -68,24 +74,47 @@ class EdgeEngine:
             limit = getattr(getattr(self.drafter, "config", None), "n_seq_max", seq + 7)
             branch_seq = list(range(seq + 1, min(seq + 1 + GROW_SEQS, limit))) or [seq + 1]
         run = Runner(self.drafter, list(prompt), cfg, on_tokens, seq,
-                     [branch_seq] if isinstance(branch_seq, int) else list(branch_seq))
+                     [branch_seq] if isinstance(branch_seq, int) else list(branch_seq),
+                     on_event)
         retry = Reconnect(cfg)
-        while not run.finished:
-            try:
-                await self._attempt(run, retry.until(run))
-            except (grpc.aio.AioRpcError, ConnectionError) as e:  # Lost is a ConnectionError
-                await retry.wait(e, run)
+        try:
+            while not run.finished:
+                try:
+                    await self._attempt(run, retry.until(run))
+                except (grpc.aio.AioRpcError, ConnectionError) as e:  # Lost is a ConnectionError
+                    if _retriable(e):
+                        run.offline.down(_reason(e))
+                    try:
+                        await retry.wait(e, run)
+                    except ConnectionError:
+                        if not run.offline.local:
+                            raise
+                        await self._end_unverified(run, e)
+                        break
+            run._announce(run.settle_all())
+        finally:
+            await run.offline.close()
         run.stats.seconds = time.perf_counter() - run.t0
         return run.out, run.stats
+
+    @staticmethod
+    async def _end_unverified(run: Runner, e: ConnectionError) -> None:
+        """Local mode, the verifier gone past the deadline: the answer ends on the drafter's
+        text, which stays unverified (stats.unverified_tail)."""
+        await run.offline.finish_locally()
+        run.stats.unverified_tail = list(run.unverified)
+        log.warning("%s; the answer ends with %d unverified tokens", e, len(run.unverified))
+        run.finished = True
 
     async def _attempt(self, run: Runner, until: float | None) -> None:
         """One connection attempt: a channel, a session in the mode's protocol, its driver.
         until (perf_counter): the channel must connect by then, and in an outage the
         session re-open by then, or ConnectionError."""
         ch = self.connect()
+        watch = Watch(run)
         try:
             if until is not None:
-                await _connected_by(ch, until)
+                await watch.over(_connected_by(ch, until))
             # The first open may prefill a long prompt: only a re-open is bounded.
             reopen_by = until if run.connected else None
             if run.cfg.mode == "ar":
@@ -93,18 +122,22 @@ class EdgeEngine:
                 await _by(ArDriver(run, ch, self.vocab_hash, self.token).drive(), reopen_by,
                           lambda: run.stats.passes > passes)
             else:
-                await self._stream(run, CloudSession(ch, self.token), reopen_by)
+                await watch.over(self._stream(run, CloudSession(ch, self.token), reopen_by,
+                                              watch))
         finally:
             if self.owns_channels:
                 await ch.close()
 
-    async def _stream(self, run: Runner, sess: CloudSession, until: float | None) -> None:
+    async def _stream(self, run: Runner, sess: CloudSession, until: float | None,
+                      watch: Watch) -> None:
         run.attach(sess)
+        watch.sess = sess
         inbox: asyncio.Queue = asyncio.Queue()
         reader = None
         try:
             driver = await _by(self._open(run, sess, inbox), until)
-            run.connected = True
+            run.connected = watch.opened = True
+            await run.offline.up()
             reader = asyncio.create_task(read_downlink(sess, inbox))
             await driver.drive()
             await sess.close()
@@ -134,6 +167,47 @@ class EdgeEngine:
             root = await sess.open(run.context, cfg.serve, cfg.seed, self.vocab_hash,
                                    max_live_nodes=ExactDriver.live_limit(cfg))
         return ExactDriver(run, sess, inbox, root)
+
+
+class Watch:
+    """Stall detection for one connection attempt: the link counts as down once the attempt
+    has owed an answer for the offline stall threshold with none heard (connecting: since
+    it began; then since the first uplink message after the last downlink one). An opened
+    session that stalls is abandoned (Lost) and a new one dialled; one still opening is
+    let be (it may be prefilling a long prompt), though local mode answers meanwhile."""
+
+    def __init__(self, run: Runner):
+        self.run, self.t0 = run, time.perf_counter()
+        self.sess: CloudSession | None = None
+        self.opened = False
+
+    def quiet_s(self) -> float:
+        """Seconds the attempt has owed an answer with none heard (0: nothing owed)."""
+        if self.sess is None:
+            return time.perf_counter() - self.t0
+        since = self.sess.owed_since
+        return 0.0 if since is None else time.perf_counter() - since
+
+    async def over(self, aw: Awaitable):
+        """aw's result, watched; Lost if it stalls once opened."""
+        task = asyncio.ensure_future(aw)
+        stall = self.run.offline.stall_s
+        try:
+            while True:
+                quiet = self.quiet_s()
+                if quiet >= stall:
+                    reason = f"no word from the verifier for {quiet:.1f} s"
+                    self.run.offline.down(reason)
+                    if self.opened:
+                        raise Lost(reason)
+                    quiet = 0.0  # told once; look again a threshold later
+                done, _ = await asyncio.wait({task}, timeout=stall - quiet)
+                if task in done:
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})  # let it unwind (close its session)
 
 
 def _reason(e: Exception) -> str:
@@ -169,8 +243,9 @@ class Reconnect:
         """When (perf_counter) the request gives up if no verifier answers: connect_timeout_s
         after it began until a session opened, then the reconnect deadline after the
         outage began; None: no deadline (max_reconnects counts attempts instead)."""
-        if not run.connected:
-            return self.t0 + self.cfg.connect_timeout_s
+        if not run.connected:  # local mode answers meanwhile: allow it the full deadline
+            wait = self.cfg.reconnect_deadline_s if run.offline.local else None
+            return self.t0 + (wait or self.cfg.connect_timeout_s)
         if self.outage_t0 is None or self.cfg.reconnect_deadline_s is None:
             return None
         return self.outage_t0 + self.cfg.reconnect_deadline_s
@@ -187,7 +262,7 @@ class Reconnect:
         until = self.until(run)
         if until is not None and until - now < LAST_TRY_S:
             if not run.connected:
-                raise ConnectionError(f"no connection within {cfg.connect_timeout_s:g} s "
+                raise ConnectionError(f"no connection within {until - self.t0:.3g} s "
                                       f"({_reason(e)})") from e
             raise ConnectionError(f"verifier unreachable for {cfg.reconnect_deadline_s:g} s "
                                   f"(reconnect deadline; {_reason(e)})") from e

@@ -15,6 +15,7 @@ import numpy as np
 
 from acespec.edge.client import CloudSession
 from acespec.edge.session.config import EngineConfig, Stats
+from acespec.edge.session.offline import LinkEvent, Offline, OnEvent, Reconciled
 from acespec.edge.speculation.adaptive import LinkEstimate, Shape
 from acespec.edge.speculation.calibration import AcceptanceModel, RecoveryModel
 from acespec.shared.sampling import PositionalRng
@@ -27,8 +28,10 @@ class Runner:
     """State of one request across reconnects (EdgeEngine.generate makes one per request)."""
 
     def __init__(self, drafter, prompt: list[int], cfg: EngineConfig,
-                 on_tokens: OnTokens | None, seq: int, branch_seqs: list[int]):
+                 on_tokens: OnTokens | None, seq: int, branch_seqs: list[int],
+                 on_event: OnEvent | None = None):
         self.drafter, self.prompt, self.cfg, self.on_tokens = drafter, prompt, cfg, on_tokens
+        self.on_event = on_event
         self.seq, self.branch_seqs = seq, branch_seqs  # drafter sequences this request owns
         self.acc = AcceptanceModel()  # P(accept | drafter confidence), learnt from verdicts
         self.rec = RecoveryModel(cfg.cache.guesses)  # P(recovered token = guess k)
@@ -37,7 +40,11 @@ class Runner:
         self.alpha = 0.7  # running per-position acceptance (for the shape model)
         self.draft_s = 1e-3  # running drafter seconds per token
         self.out: list[int] = []  # the committed text (after the prompt)
+        self.unverified: list[int] = []  # local mode: drafted while offline, after `out`
+        self.local_ended = False  # the unverified span ends in an end token
+        self.offline = Offline(self)
         self.stats = Stats()
+        self._confirmed = 0  # unverified tokens confirmed since the span was last settled
         self.t0 = time.perf_counter()
         self.finished = False
         self.connected = False  # a verifier answered at least once (resume, not fail fast)
@@ -75,12 +82,17 @@ class Runner:
     # -- committed text -------------------------------------------------------------
 
     def emit(self, tokens: list[int]) -> None:
-        """Append decided tokens, honouring stop ids and max_tokens."""
+        """Append decided tokens, honouring stop ids and max_tokens, and check each against
+        the unverified span, if any (its Reconciled event follows the token's on_tokens)."""
         for t in tokens:
             if self.finished:
                 return
+            if self.offline.is_down:  # a verifier answered (ar mode has no open to see)
+                self.offline.heard()
+            settled = self._settle(t)
             if t in self.cfg.stop_ids:
                 self.finished = True
+                self._announce(settled or self.settle_all())
                 return
             self.out.append(t)
             self.stats.tokens += 1
@@ -90,8 +102,44 @@ class Runner:
                 self._sync_bytes()
                 if self.on_tokens([t], self.stats):  # the caller wants no more (a stop string)
                     self.finished = True
+            self._announce(settled)
             if len(self.out) >= self.cfg.max_tokens:
                 self.finished = True
+
+    def _settle(self, t: int) -> Reconciled | None:
+        """Verified token t against the head of the unverified span: equal, it is
+        confirmed; else the span is dropped from there. The span's end, if settled."""
+        if not self.unverified and not self.local_ended:
+            return None
+        if self.unverified and self.unverified[0] == t:
+            self.unverified.pop(0)
+            self.stats.unverified_confirmed += 1
+            self._confirmed += 1
+            return None if self.unverified or self.local_ended else self._reconciled(0)
+        return self._reconciled(len(self.unverified))
+
+    def settle_all(self) -> Reconciled | None:
+        """The verified text ended (a stop, max_tokens): what is left of the span is not
+        confirmed. Returns the event to announce, if any."""
+        if self.unverified or self.local_ended:
+            return self._reconciled(len(self.unverified))
+        return None
+
+    def _reconciled(self, replaced: int) -> Reconciled:
+        self.stats.unverified_replaced += replaced
+        self.unverified.clear()
+        self.local_ended = False
+        confirmed, self._confirmed = self._confirmed, 0
+        return Reconciled(confirmed, replaced)
+
+    def _announce(self, e: LinkEvent | None) -> None:
+        if e is not None:
+            self.event(e)
+
+    def event(self, e: LinkEvent) -> None:
+        if self.on_event:
+            self._sync_bytes()
+            self.on_event(e)
 
     # -- randomness -----------------------------------------------------------------
 
