@@ -11,7 +11,7 @@ from pathlib import Path
 from acespec import pairs
 from acespec.argtypes import EXIT_USAGE, OneLineErrors, draft_ms, number
 from acespec.edge.session.config import GROW_SEQS, MAX_DEPTH, MAX_WINDOW
-from acespec.edge.status import LiveStatus
+from acespec.edge.status import LiveStatus, TerminalAnswer
 
 EXIT_UNREACHABLE, EXIT_REFUSED = 3, 4
 MAX_CONCURRENT = 32  # sequences: 1 + GROW_SEQS per generation, + 1, within llama.cpp's 256
@@ -146,6 +146,15 @@ def _add_engine_args(p, mode: str) -> None:
                    help="TESTBED knob: pad every drafter decode to T ms (+ PER_TOKEN ms per "
                    "token beyond the first in a batch), a small edge device's step time, "
                    "e.g. 8 = a 135M Q4 model on one laptop core (default: off)")
+    o = p.add_argument_group("when the verifier cannot be reached (docs/offline.md)")
+    o.add_argument("--offline", default="wait", choices=["wait", "local"],
+                   help="wait: pause, then resume losslessly when a verifier answers; "
+                   "local: keep answering from the drafter meanwhile, every such token "
+                   "marked unverified, then verify it and replace it from the first "
+                   "token the target disagrees with (default: %(default)s)")
+    o.add_argument("--stall-after", type=number(float, 0.0, lo_open=True), default=None,
+                   metavar="S", help="a verifier silent this long while it owes an answer "
+                   "counts as unreachable (default: 5 with --offline wait, 0.5 with local)")
     b = p.add_argument_group("state cache budgets per chunk (acespec mode; unset = derived "
                              "from the measured link and drafter)")
     amount = number(float, 0.0)
@@ -174,7 +183,8 @@ def engine_config(args, **kw):
                         cloud_nodes=args.cache_cloud_nodes)
     return EngineConfig(mode=args.mode, depth=depth, window=window, cache=cache,
                         verifier_decides=args.sampling == "coupled",
-                        grow_tree=not args.no_tree, adaptive=adaptive, **kw)
+                        grow_tree=not args.no_tree, adaptive=adaptive, offline=args.offline,
+                        stall_s=args.stall_after, **kw)
 
 
 def _codec_and_drafter(args):
@@ -236,7 +246,6 @@ def run_generate(args) -> int:
     from acespec.edge.client import VerifierUnfit, channel, read_token_file
     from acespec.edge.drafting.llama import DrafterError
     from acespec.edge.session import EdgeEngine, EngineConfig
-    from acespec.edge.text import StreamDecoder
     from acespec.shared.config import ConfigError, SamplingParams
     from acespec.shared.served import ServeParams
 
@@ -262,17 +271,10 @@ def run_generate(args) -> int:
     engine = EdgeEngine(lambda: channel(args.cloud, root_cert), codec.vocab_hash,
                         None if args.mode == "ar" else drafter, token)
     status = LiveStatus(not args.json)
-    stream = StreamDecoder(codec)
-
-    def on_tokens(ids, stats):
-        if not args.json:
-            status.clear()
-            sys.stdout.write(stream.feed(ids))
-            sys.stdout.flush()
-            status.show(stats)
-
+    answer = TerminalAnswer(codec, status, cfg.offline, quiet=args.json)
     try:
-        out, stats = asyncio.run(engine.generate(prompt, cfg, on_tokens))
+        out, stats = asyncio.run(engine.generate(prompt, cfg, answer.on_tokens,
+                                                 on_event=answer.on_event))
     except ConnectionError as e:
         return fail(EXIT_UNREACHABLE, f"cannot reach the verifier at {args.cloud}: {e}")
     except grpc.aio.AioRpcError as e:
@@ -282,12 +284,14 @@ def run_generate(args) -> int:
     except DrafterError as e:
         return fail(1, f"the drafter failed: {e}")
     figures = {**stats.as_dict(), "mode": args.mode, "depth": cfg.depth,
-               "window": cfg.window, "adaptive": cfg.adaptive}
+               "window": cfg.window, "adaptive": cfg.adaptive, "offline": cfg.offline}
+    tail = codec.decode(stats.unverified_tail)
     if args.json:
-        print(json.dumps({"text": codec.decode(out), "token_ids": out, "stats": figures}))
+        print(json.dumps({"text": codec.decode(out), "token_ids": out, "stats": figures,
+                          **({"unverified_text": tail, "unverified_token_ids":
+                              stats.unverified_tail} if tail else {})}))
     else:
-        status.clear()
-        sys.stdout.write(stream.finish() + "\n")
+        answer.finish(tail)
         print(_summary(figures), file=sys.stderr)
     return 0
 
@@ -304,7 +308,12 @@ def _summary(f: dict) -> str:
             f"length {f['mean_acceptance_length']}, {f['passes_per_token']} "
             f"passes/token, wire {f['wire_bytes_up_per_token']} B/token up, "
             f"{f['wire_bytes_down_per_token']} B/token down"
-            + (f", RTT {f['rtt_ms']} ms]" if f.get("rtt_ms") is not None else "]"))
+            + (f", RTT {f['rtt_ms']} ms" if f.get("rtt_ms") is not None else "")
+            + (f"; link down {f['outages']}x for {f['offline_s']} s" if f["outages"] else "")
+            + (f", {f['unverified_tokens']} tokens answered unverified ("
+               f"{f['unverified_confirmed']} confirmed, {f['unverified_replaced']} replaced"
+               f"{', ' + str(f['unverified_tail_tokens']) + ' never verified' if f['unverified_tail_tokens'] else ''})"
+               if f["unverified_tokens"] else "") + "]")
 
 
 def build_service(args):

@@ -114,6 +114,12 @@ class StreamDecoder:
     def finish(self) -> str:
         return self._utf8.decode(b"", final=True)
 
+    def peek(self, ids: Sequence[int]) -> str:
+        """The text `ids` would add after what was fed, without feeding them."""
+        ahead = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        ahead.setstate(self._utf8.getstate())
+        return ahead.decode(b"".join(self.codec.piece_fn(i) for i in ids))
+
 
 # A placeholder for message content while the chat template renders: control characters a
 # template has no reason to touch, and no tokenizer's special token looks like them.

@@ -42,6 +42,13 @@ class EdgeMetrics:
                             ["direction"], registry=r)
         self.reconnects = Counter("acespec_edge_cloud_reconnects", "Verifier reconnects",
                                   registry=r)
+        self.outages = Counter("acespec_edge_link_outages", "Times a generation's verifier "
+                               "link went down", registry=r)
+        self.offline_s = Counter("acespec_edge_link_down_seconds", "Generation-seconds spent "
+                                 "with the verifier unreachable", registry=r)
+        self.unverified = Counter("acespec_edge_unverified_tokens", "Tokens answered from the "
+                                  "drafter alone while offline (--offline local), by what the "
+                                  "verifier made of them", ["fate"], registry=r)
 
     def record(self, u: dict) -> None:
         self.tokens.inc(u["completion_tokens"])
@@ -53,6 +60,10 @@ class EdgeMetrics:
         self.wire.labels("up").inc(u["wire_bytes_up"])
         self.wire.labels("down").inc(u["wire_bytes_down"])
         self.reconnects.inc(u["cloud_reconnects"])
+        self.outages.inc(u["outages"])
+        self.offline_s.inc(u["offline_seconds"])
+        for fate in ("confirmed", "replaced", "left"):
+            self.unverified.labels(fate).inc(u[f"unverified_{fate}"])
 
     def text(self) -> bytes:
         from prometheus_client import generate_latest
@@ -132,6 +143,9 @@ def _routes(svc: EdgeService) -> Starlette:
             if req.model not in svc.served_names:
                 raise _no_such_model(svc, req.model)
             req = dataclasses.replace(req, model=svc.model_name)  # responses name it so
+            if req.offline == "local" and svc.drafter is None:
+                raise ApiError(400, "'offline': \"local\" answers from the drafter, and this "
+                               "server has none (edge serve --mode ar)", "offline")
             prompt = await asyncio.to_thread(svc.prompt_tokens, req)  # off the loop: it can be long
             release = svc.admit(req.n)
             if req.stream:
@@ -172,8 +186,10 @@ def _routes(svc: EdgeService) -> Starlette:
     async def health(_: Request):
         """Liveness (always 200 while serving) with the verifier's state beside it."""
         ready = await svc.verifier_ready()
-        return JSONResponse({"status": "ok", "model": svc.model_name,
-                             "verifier": "ready" if ready else "unreachable"})
+        link = svc.link.state()
+        return JSONResponse({"status": "ok" if link["link"] == "up" else "degraded",
+                             "model": svc.model_name,
+                             "verifier": "ready" if ready else "unreachable", **link})
 
     async def ready(_: Request):
         """Readiness: 200 when the verifier answers, else 503 (a load balancer's probe)."""

@@ -29,6 +29,7 @@ class CompletionRequest:
     top_k: int = 0
     seed: int | None = None
     sampling: str | None = None  # 'coupled' | 'exact'; None: the server's --sampling
+    offline: str | None = None  # 'wait' | 'local'; None: the server's --offline
     ignore_eos: bool = False  # vLLM's extension: run to max_tokens past the end-of-text token
     n: int = 1
     stop: list[str] = field(default_factory=list)
@@ -92,7 +93,7 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
         top_p=_num(body, "top_p", float, 1.0, 1e-6, 1.0),
         top_k=_num(body, "top_k", int, 0, 0, 4096),
         seed=_num(body, "seed", int, None, 0, 2**63 - 1),
-        sampling=_sampling(body), ignore_eos=_bool(body, "ignore_eos", False),
+        sampling=_sampling(body), offline=_offline(body), ignore_eos=_bool(body, "ignore_eos", False),
         n=_num(body, "n", int, 1, 1, 8), stop=_stop(body.get("stop")), stream=stream,
         include_usage=usage_last, continuous_usage=usage_each,
         user=_optional_text(body, "user"),
@@ -168,6 +169,15 @@ def _sampling(body: dict) -> str | None:
     return value
 
 
+def _offline(body: dict) -> str | None:
+    """AceSpec's extension: "offline": "wait" | "local" (see `edge serve --offline`)."""
+    value = body.get("offline")
+    if value is not None and value not in ("wait", "local"):
+        raise ApiError(400, f"'offline' must be \"wait\" or \"local\", got {value!r:.40}",
+                       "offline")
+    return value
+
+
 def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
 
@@ -212,4 +222,17 @@ def usage(prompt_tokens: int, stats_list: list) -> dict:
                             "passes": sum(s.passes for s in stats_list),
                             "wire_bytes_up": sum(s.wire_bytes_up for s in stats_list),
                             "wire_bytes_down": sum(s.wire_bytes_down for s in stats_list),
-                            "cloud_reconnects": sum(s.reconnects for s in stats_list)})
+                            "cloud_reconnects": sum(s.reconnects for s in stats_list),
+                            **offline_usage(stats_list)})
+
+
+def offline_usage(stats_list: list) -> dict:
+    """The link's outages during the request and, in local offline mode, the tokens answered
+    unverified: confirmed by the verifier as they were, replaced, or left unverified (the
+    verifier never came back)."""
+    return {"outages": sum(s.outages for s in stats_list),
+            "offline_seconds": round(sum(s.offline_s for s in stats_list), 3),
+            "unverified_tokens": sum(s.unverified_tokens for s in stats_list),
+            "unverified_confirmed": sum(s.unverified_confirmed for s in stats_list),
+            "unverified_replaced": sum(s.unverified_replaced for s in stats_list),
+            "unverified_left": sum(len(s.unverified_tail) for s in stats_list)}

@@ -17,6 +17,7 @@ _BOTH = frozenset({
     "stop", "stream", "stream_options", "user", "safety_identifier", "metadata",
     "top_k", "ignore_eos",  # vLLM's extensions
     "sampling",  # AceSpec's: "coupled" | "exact"
+    "offline",  # AceSpec's: "wait" | "local" (while the verifier cannot be reached)
 })
 HONOURED = {True: _BOTH | {"messages"}, False: _BOTH | {"prompt", "parse_special"}}
 

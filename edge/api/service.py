@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from acespec.edge.api.answer import FAILED, Answer, LinkBoard, Note, stream_parts
 from acespec.edge.api.openai_types import (
     ApiError,
     CompletionRequest,
@@ -25,14 +26,14 @@ from acespec.edge.api.openai_types import (
     new_id,
     usage,
 )
-from acespec.edge.session import EdgeEngine, EngineConfig, Stats
+from acespec.edge.session import EdgeEngine, EngineConfig
 from acespec.edge.session.config import GROW_SEQS
-from acespec.edge.text import StreamDecoder, TextCodec, chat_segments
+from acespec.edge.text import TextCodec, chat_segments
 from acespec.shared.config import SamplingParams
 from acespec.shared.served import ServeParams
 
 log = logging.getLogger(__name__)
-FAILED = "failed"  # in place of a finish reason: the generation raised
+KEEPALIVE_S = 1.0  # a stream silent this long gets an SSE comment (clients, proxies wait on)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class EdgeService:
     ctx_per_request: int = 2048  # most prompt + max_tokens tokens of one generation
     max_queue: int = 64  # generations waiting for a sequence
     reconnect_deadline_s: float = 30.0  # an in-flight generation rides out an outage this long
+    link: LinkBoard = field(default_factory=LinkBoard)
     created: int = field(default_factory=lambda: int(time.time()))  # /v1/models' "created"
     free_seqs: asyncio.Queue = field(default_factory=asyncio.Queue)
     admitted: int = field(default=0, init=False)  # generations of requests in flight
@@ -108,7 +110,7 @@ class EdgeService:
         """The prompt's token ids; ApiError 400 if the request cannot fit one generation's
         share of the drafter context (it would fail mid-way, or starve the others)."""
         if isinstance(req.prompt, list):  # chat: control tokens from the template only
-            prompt = self.codec.encode_parts(req.prompt)
+            prompt = self.codec.encodestream_parts(req.prompt)
         else:  # completions: text, unless the caller asked for its control tokens
             prompt = self.codec.encode(req.prompt) if req.parse_special else \
                 self.codec.encode_parts([(req.prompt, False)])
@@ -185,65 +187,13 @@ class EdgeService:
                             send_mass=self.base.serve.send_mass, k_max=self.base.serve.k_max)
         stops = frozenset() if req.ignore_eos else self.codec.stop_ids
         return replace(self.base, serve=serve, seed=seed, max_tokens=req.max_tokens,
-                       verifier_decides=coupled,
+                       verifier_decides=coupled, offline=req.offline or self.base.offline,
                        stop_ids=stops, backoff_s=0.1,
                        reconnect_deadline_s=self.reconnect_deadline_s)
 
 
-class _Choice:
-    """One of the n generations of a request: text with stop strings applied."""
-
-    def __init__(self, svc: EdgeService, req: CompletionRequest, index: int):
-        self.svc, self.req, self.index = svc, req, index
-        self.decoder = StreamDecoder(svc.codec)
-        self.text, self.sent, self.finish = "", 0, "length"
-        self.stats = Stats()
-
-    def on_tokens(self, ids, stats) -> bool:
-        self.text += self.decoder.feed(ids)
-        for s in self.req.stop:
-            at = self.text.find(s)
-            if at >= 0:
-                self.text, self.finish = self.text[:at], "stop"
-                return True
-        return False
-
-    def ready(self) -> str:
-        """New text that can no longer turn into the start of a stop string."""
-        hold = max((len(s) - 1 for s in self.req.stop), default=0)
-        end = len(self.text) if self.finish == "stop" else max(self.sent, len(self.text) - hold)
-        out, self.sent = self.text[self.sent:end], end
-        return out
-
-    async def run(self, prompt: list[int], queue: asyncio.Queue | None) -> None:
-        """Generate; on a queue, report (index, new text, finish reason) as text arrives,
-        and (index, "", FAILED) instead of a finish reason if the generation fails."""
-        svc, finish = self.svc, FAILED
-        seq = await svc.acquire()
-        try:
-            def cb(ids, stats):
-                self.stats = stats  # live: streamed chunks can carry the usage so far
-                stop = self.on_tokens(ids, stats)
-                if queue is not None:
-                    queue.put_nowait((self.index, self.ready(), None))
-                return stop
-
-            out, self.stats = await svc.engine.generate(
-                prompt, svc.config(self.req, self.index), cb, seq=seq,
-                branch_seq=svc.branch_seq(seq))
-            if self.finish != "stop":
-                self.text += self.decoder.finish()
-                if len(out) < self.req.max_tokens:
-                    self.finish = "stop"  # end of sequence
-            finish = self.finish
-        finally:
-            svc.free_seq(seq)
-            if queue is not None:
-                queue.put_nowait((self.index, self.ready() if finish != FAILED else "", finish))
-
-
 async def complete(svc: EdgeService, req: CompletionRequest, prompt: list[int]) -> dict:
-    choices = [_Choice(svc, req, i) for i in range(req.n)]
+    choices = [Answer(svc, req, i) for i in range(req.n)]
     tasks = [asyncio.create_task(c.run(prompt, None)) for c in choices]
     try:
         await asyncio.gather(*tasks)
@@ -252,8 +202,14 @@ async def complete(svc: EdgeService, req: CompletionRequest, prompt: list[int]) 
             t.cancel()
     u = usage(len(prompt), [c.stats for c in choices])
     _log_usage(svc, req, u)
-    return envelope(req, new_id(req.chat), [choice(req, c.index, c.text, c.finish, False)
-                                            for c in choices], False, u)
+    return envelope(req, new_id(req.chat), [_final(req, c) for c in choices], False, u)
+
+
+def _final(req: CompletionRequest, c: Answer) -> dict:
+    part = choice(req, c.index, c.text + c.tail, c.finish, False)
+    if c.extension():
+        part["acespec"] = c.extension()
+    return part
 
 
 async def stream(svc: EdgeService, req: CompletionRequest, prompt: list[int]):
@@ -262,7 +218,7 @@ async def stream(svc: EdgeService, req: CompletionRequest, prompt: list[int]):
     With continuous_usage every chunk carries the usage so far (vLLM's continuous_usage_stats);
     with include_usage a last chunk, with no choices, carries the request's."""
     rid, queue = new_id(req.chat), asyncio.Queue()
-    choices = [_Choice(svc, req, i) for i in range(req.n)]
+    choices = [Answer(svc, req, i) for i in range(req.n)]
     tasks = [asyncio.create_task(c.run(prompt, queue)) for c in choices]
 
     def chunk(parts: list[dict]) -> str:
@@ -275,12 +231,16 @@ async def stream(svc: EdgeService, req: CompletionRequest, prompt: list[int]):
                           "finish_reason": None} for i in range(req.n)])
         done = 0
         while done < req.n:
-            index, text, finish = await next_or_stop(queue, svc.stopping)
+            item = await next_or_stop(queue, svc.stopping, KEEPALIVE_S)
+            if item is None:
+                yield ": keep-alive\n\n"
+                continue
+            index, ops, finish = item
             if finish == FAILED:
                 await tasks[index]  # raises the generation's error
                 raise RuntimeError("a generation failed without an error")  # unreachable
-            if text or finish:
-                yield chunk([choice(req, index, text, finish, True)])
+            for part in stream_parts(req, index, ops, finish, choices[index].extension()):
+                yield f": {part.text}\n\n" if isinstance(part, Note) else chunk([part])
             done += finish is not None
         for t in tasks:
             await t
@@ -298,18 +258,23 @@ class ShuttingDown(Exception):
     """The server was asked to stop while this request ran."""
 
 
-async def next_or_stop(queue: asyncio.Queue, stop: asyncio.Event):
-    """The next item of `queue`, or ShuttingDown once `stop` is set."""
+async def next_or_stop(queue: asyncio.Queue, stop: asyncio.Event,
+                       timeout: float | None = None):
+    """The next item of `queue`, None after `timeout` s without one, or ShuttingDown once
+    `stop` is set."""
     if stop.is_set():
         raise ShuttingDown
     get, halt = asyncio.ensure_future(queue.get()), asyncio.ensure_future(stop.wait())
     try:
-        done, _ = await asyncio.wait({get, halt}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({get, halt}, timeout=timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
     finally:
         halt.cancel()
     if get not in done:
         get.cancel()
-        raise ShuttingDown
+        if halt in done:
+            raise ShuttingDown
+        return None
     return get.result()
 
 

@@ -211,7 +211,10 @@ class Watch:
 
 
 def _reason(e: Exception) -> str:
-    """One line for a failed call (an AioRpcError's str() is a multi-line debug dump)."""
+    """One line for a failed call (an AioRpcError's str() is a multi-line debug dump; a Lost
+    session carries the gRPC error that lost it as its cause)."""
+    if not isinstance(e, grpc.aio.AioRpcError) and isinstance(e.__cause__, grpc.aio.AioRpcError):
+        e = e.__cause__
     if isinstance(e, grpc.aio.AioRpcError):
         return f"{e.code().name}: {e.details()}"
     return str(e)

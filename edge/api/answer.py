@@ -1,0 +1,168 @@
+"""One generation of a request as its reader sees it: the verified text with stop strings
+applied, and in local offline mode the unverified text after it and how it was settled
+(acespec.edge.shown); what /health says of the link; the stream chunks all of that becomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from acespec.edge.api.openai_types import CompletionRequest, choice
+from acespec.edge.session import Stats
+from acespec.edge.session.offline import LinkDown, LinkEvent, LinkUp
+from acespec.edge.shown import Append, Confirm, Op, Replace, ShownText, SpanMirror
+from acespec.edge.text import StreamDecoder
+
+FAILED = "failed"  # in place of a finish reason: the generation raised
+
+
+@dataclass(frozen=True)
+class Note:
+    """A line for the stream's reader that is not text: an SSE comment."""
+
+    text: str
+
+
+@dataclass
+class LinkBoard:
+    """The verifier link as /health tells it: which generations are waiting out an outage
+    (or answering locally), since when, and why."""
+
+    down: dict[int, tuple[float, str]] = field(default_factory=dict)  # id -> (time, reason)
+
+    def note(self, key: int, e: LinkEvent) -> None:
+        if isinstance(e, LinkDown):
+            self.down.setdefault(key, (time.time(), e.reason))
+        elif isinstance(e, LinkUp):
+            self.down.pop(key, None)
+
+    def state(self) -> dict:
+        if not self.down:
+            return {"link": "up"}
+        since, reason = min(self.down.values())
+        return {"link": "down", "down_s": round(time.time() - since, 1), "reason": reason,
+                "generations_waiting": len(self.down)}
+
+
+class Answer:
+    """One of the n generations of a request: text with stop strings applied and, in local
+    offline mode, the unverified text shown after it (acespec.edge.shown)."""
+
+    def __init__(self, svc, req: CompletionRequest, index: int):
+        self.svc, self.req, self.index = svc, req, index
+        self.cfg = svc.config(req, index)
+        self.decoder = StreamDecoder(svc.codec)
+        self.text, self.sent, self.finish = "", 0, "length"
+        self.stats = Stats()
+        self.mirror, self.shown = SpanMirror(), ShownText()
+        self.tail = ""  # unverified text the answer ended on (the verifier never came back)
+
+    def on_tokens(self, ids, stats) -> bool:
+        self.mirror.verified(ids)
+        self.text += self.decoder.feed(ids)
+        for s in self.req.stop:
+            at = self.text.find(s)
+            if at >= 0:
+                self.text, self.finish = self.text[:at], "stop"
+                return True
+        return False
+
+    def ready(self) -> str:
+        """New text that can no longer turn into the start of a stop string."""
+        hold = max((len(s) - 1 for s in self.req.stop), default=0)
+        end = len(self.text) if self.finish == "stop" else max(self.sent, len(self.text) - hold)
+        out, self.sent = self.text[self.sent:end], end
+        return out
+
+    def view(self, final: bool = False) -> list[Op]:
+        """What the reader must be told now: new verified text and, in local mode, changes
+        to the unverified text after it (verified text held back for a stop string is shown
+        as unverified meanwhile)."""
+        new = self.ready()
+        if self.cfg.offline != "local":
+            return [Append(new)] if new else []
+        span = "" if self.finish == "stop" and not final else \
+            self.tail if final else self.decoder.peek(self.mirror.span)
+        held = self.text[self.sent:] if span else ""
+        return self.shown.update(self.text[:self.sent], held + span)
+
+    def on_event(self, e: LinkEvent, queue: asyncio.Queue | None) -> None:
+        self.mirror.event(e)
+        self.svc.link.note(id(self), e)
+        if queue is None:
+            return
+        if isinstance(e, LinkDown):
+            queue.put_nowait((self.index, [Note(f"verifier unreachable ({e.reason}); "
+                                                + ("answering locally, unverified"
+                                                   if self.cfg.offline == "local"
+                                                   else "waiting"))], None))
+        elif isinstance(e, LinkUp):
+            queue.put_nowait((self.index, [Note(f"verifier back after {e.down_s:.1f} s")],
+                              None))
+        else:
+            queue.put_nowait((self.index, self.view(), None))
+
+    async def run(self, prompt: list[int], queue: asyncio.Queue | None) -> None:
+        """Generate; on a queue, report (index, ops, finish reason) as text arrives, and
+        (index, [], FAILED) instead of a finish reason if the generation fails."""
+        svc, finish = self.svc, FAILED
+        seq = await svc.acquire()
+        try:
+            def cb(ids, stats):
+                self.stats = stats  # live: streamed chunks can carry the usage so far
+                stop = self.on_tokens(ids, stats)
+                if queue is not None:
+                    queue.put_nowait((self.index, self.view(), None))
+                return stop
+
+            out, self.stats = await svc.engine.generate(
+                prompt, self.cfg, cb, seq=seq, branch_seq=svc.branch_seq(seq),
+                on_event=lambda e: self.on_event(e, queue))
+            if self.finish != "stop":
+                self.text += self.decoder.finish()
+                self.tail = svc.codec.decode(self.stats.unverified_tail)
+                if len(out) + len(self.stats.unverified_tail) < self.req.max_tokens:
+                    self.finish = "stop"  # end of sequence
+            finish = self.finish
+        finally:
+            svc.free_seq(seq)
+            svc.link.down.pop(id(self), None)
+            if queue is not None:
+                queue.put_nowait((self.index, self.view(final=True) if finish != FAILED
+                                  else [], finish))
+
+    def extension(self) -> dict | None:
+        """The final choice's `acespec` field: where unverified text starts, if it does."""
+        return {"unverified_from": len(self.text)} if self.tail else None
+
+
+def stream_parts(req: CompletionRequest, index: int, ops: list, finish: str | None,
+           extension: dict | None) -> list[dict | Note]:
+    """Stream chunks' choices (and notes) for one generation's ops. Unverified text and its
+    settling carry an `acespec` field: {"unverified": true}, {"confirmed": END} (the text
+    before character END is verified as shown), {"replace": {"offset", "text"}} (drop from
+    character OFFSET on, append the verified TEXT); offsets count from the answer's start."""
+    parts: list[dict | Note] = []
+    for op in ops:
+        if isinstance(op, Note):
+            parts.append(op)
+            continue
+        part = choice(req, index, op.text if isinstance(op, Append) else "", None, True)
+        if isinstance(op, Append) and not op.verified:
+            part["acespec"] = {"unverified": True}
+        elif isinstance(op, Confirm):
+            part["acespec"] = {"confirmed": op.end}
+        elif isinstance(op, Replace):
+            part["acespec"] = {"replace": {"offset": op.offset, "text": op.text}}
+        parts.append(part)
+    if finish:
+        last = parts[-1] if parts else None
+        if isinstance(last, dict) and "acespec" not in last:
+            last["finish_reason"] = finish
+        else:
+            parts.append(last := choice(req, index, "", finish, True))
+        if extension:
+            last["acespec"] = {**last.get("acespec", {}), **extension}
+    return parts
