@@ -173,6 +173,8 @@ def engine_config(args, **kw):
     from acespec.edge.speculation.branches import CacheConfig
 
     adaptive = args.depth is None and args.window is None
+    if args.offline == "local" and args.mode == "ar":
+        raise ValueError("--offline local answers from the drafter, and --mode ar has none")
     if args.depth is not None and args.window is not None and args.window < args.depth:
         raise ValueError(f"--window {args.window} must be >= --depth {args.depth}")
     depth = 4 if args.depth is None else args.depth

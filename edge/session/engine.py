@@ -197,7 +197,7 @@ class Watch:
                 quiet = self.quiet_s()
                 if quiet >= stall:
                     reason = f"no word from the verifier for {quiet:.1f} s"
-                    self.run.offline.down(reason)
+                    self.run.offline.down(reason, stalled=True)
                     if self.opened:
                         raise Lost(reason)
                     quiet = 0.0  # told once; look again a threshold later
@@ -233,9 +233,10 @@ def _retriable(e: Exception) -> bool:
 
 class Reconnect:
     """The resume policy of one request: exponential backoff for a connection that worked
-    (the committed text is kept), but a quick, clear failure when no session ever opened:
-    a wrong address or a verifier that is down should not take half a minute to report.
-    A deadline is a bound on the whole outage, attempts included (see `until`)."""
+    (the committed text is kept), but a quick, clear failure when no session ever opened
+    and the address refuses: a wrong address or a verifier that is down should not take
+    half a minute to report. A deadline is a bound on the whole outage, attempts included
+    (see `until`)."""
 
     def __init__(self, cfg: EngineConfig):
         self.cfg, self.t0 = cfg, time.perf_counter()
@@ -243,12 +244,13 @@ class Reconnect:
         self.outage_t0: float | None = None  # when the current outage began
 
     def until(self, run: Runner) -> float | None:
-        """When (perf_counter) the request gives up if no verifier answers: connect_timeout_s
-        after it began until a session opened, then the reconnect deadline after the
-        outage began; None: no deadline (max_reconnects counts attempts instead)."""
-        if not run.connected:  # local mode answers meanwhile: allow it the full deadline
-            wait = self.cfg.reconnect_deadline_s if run.offline.local else None
-            return self.t0 + (wait or self.cfg.connect_timeout_s)
+        """When (perf_counter) the request gives up if no verifier answers: before any
+        session opened, the reconnect deadline (or connect_timeout_s without one) after the
+        request began; then the reconnect deadline after the outage began; None: no
+        deadline (max_reconnects counts attempts instead). A refusal before any session
+        opened gives up sooner (`wait`)."""
+        if not run.connected:
+            return self.t0 + (self.cfg.reconnect_deadline_s or self.cfg.connect_timeout_s)
         if self.outage_t0 is None or self.cfg.reconnect_deadline_s is None:
             return None
         return self.outage_t0 + self.cfg.reconnect_deadline_s
@@ -263,6 +265,11 @@ class Reconnect:
         if self.failures == 0:
             self.outage_t0 = now
         until = self.until(run)
+        if not run.connected and not run.offline.local and isinstance(e, grpc.aio.AioRpcError):
+            # Refused (or no such host) before any session opened: most likely no verifier
+            # there, and a typo should not take the whole deadline to report. A link that
+            # gives no answer at all may be down for now: that is waited out.
+            until = min(until, self.t0 + cfg.connect_timeout_s)
         if until is not None and until - now < LAST_TRY_S:
             if not run.connected:
                 raise ConnectionError(f"no connection within {until - self.t0:.3g} s "

@@ -87,16 +87,17 @@ class Offline:
         cfg = self.run.cfg
         return cfg.stall_s if cfg.stall_s is not None else STALL_S[cfg.offline]
 
-    def down(self, reason: str) -> None:
-        """The link is down (again idempotent while it stays down); local mode starts
-        answering from the drafter."""
+    def down(self, reason: str, stalled: bool = False) -> None:
+        """The link is down (idempotent while it stays down); local mode starts answering
+        from the drafter. `stalled`: nothing heard for the stall threshold."""
         run = self.run
         if self.down_since is None:
             self.down_since = time.perf_counter()
             run.stats.outages += 1
-            # Before any session opened it is a slow start, not yet an outage, unless the
-            # edge answers locally meanwhile.
-            level = logging.WARNING if run.connected or self.local else logging.INFO
+            # A refusal before any session opened is most likely a wrong address, reported
+            # as such soon (engine.Reconnect); anything else is an outage worth a warning.
+            loud = run.connected or self.local or stalled
+            level = logging.WARNING if loud else logging.INFO
             log.log(level, "verifier unreachable (%s) after %d verified tokens; %s", reason,
                         len(run.out), "answering locally, unverified" if self.local
                         else "waiting for it")
