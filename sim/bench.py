@@ -89,15 +89,45 @@ class BenchConfig:
 
 
 def parse_links(text: str) -> tuple[tuple[str, LinkSpec], ...]:
-    """'50kbit:50ms,10mbit:10ms' -> ((label, LinkSpec), ...); 'none' = loopback, no shaping."""
+    """'50kbit:50ms,10mbit:10ms' -> ((label, LinkSpec), ...), labelled as written.
+
+    'none'/'loopback': no shaping. 'trace:NAME[:RTT]' or 'trace:PATH.csv[:RTT]': a shipped
+    trace or a CSV (acespec.sim.trace); its rates, and its RTT and loss where it has those
+    columns (RTT only for a trace without one); the spec's rate and RTT are then the trace's
+    means. Any link may end in '+outage=START:DURATION' (seconds, repeatable): down both ways.
+    """
+    from acespec.sim.stages import find_trace, parse_outage, read_trace
+
     out = []
-    for part in text.split(","):
-        if part.strip() in ("none", "loopback"):
-            out.append(("loopback", LinkSpec(1e12, 1e12, 0.0)))
-            continue
-        rate, _, rtt = part.partition(":")
-        bps = parse_rate(rate)
-        out.append((part.strip(), LinkSpec(bps, bps, parse_time(rtt or "0ms"))))
+    for part in (p.strip() for p in text.split(",")):
+        head, *suffixes = part.split("+")
+        base = head.strip()
+        try:
+            outages = []
+            for suffix in suffixes:
+                key, _, value = suffix.partition("=")
+                if key.strip() != "outage":
+                    raise ValueError(f"unknown '+{suffix}' (expected +outage=START:DURATION)")
+                outages.append(parse_outage(value))
+            if base in ("none", "loopback"):
+                spec = LinkSpec(1e12, 1e12, 0.0, outages=tuple(outages))
+            elif base.startswith("trace:"):
+                name, _, rtt = base[len("trace:"):].partition(":")
+                path = find_trace(name)
+                steps = read_trace(path)
+                if rtt and steps.rtt_s is not None:
+                    raise ValueError(f"trace {name!r} has its own rtt_ms column; drop ':{rtt}'")
+                bps = steps.mean_kbps * 1000
+                spec = LinkSpec(bps, bps, steps.mean_rtt_s or parse_time(rtt or "0ms"),
+                                trace=str(path), outages=tuple(outages))
+            else:
+                rate, _, rtt = base.partition(":")
+                bps = parse_rate(rate)
+                spec = LinkSpec(bps, bps, parse_time(rtt or "0ms"), outages=tuple(outages))
+        except (ValueError, OSError) as e:
+            raise ValueError(f"link {part!r}: {e}") from None
+        out.append(("loopback" + part[len(head):] if base in ("none", "loopback") else part,
+                    spec))
     return tuple(out)
 
 

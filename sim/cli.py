@@ -14,11 +14,14 @@ from acespec.sim.datasets import DATASETS
 def add_parser(sub) -> None:
     p = sub.add_parser("sim", help="WAN link emulation")
     ssub = p.add_subparsers(dest="sim_cmd", required=True, metavar="COMMAND")
+    from acespec.sim.trace import shipped_traces
+
     lk = ssub.add_parser(
         "link", help="a TCP proxy that behaves like a slow WAN link",
         description="Forward TCP from --listen to --to through an emulated link: rate limit "
         "(token bucket) each way, propagation delay (half the RTT each way), jitter, loss as "
-        "retransmission stalls, or a bandwidth trace. No root needed; counts bytes each way.")
+        "retransmission stalls, or a trace of rate, RTT and loss; outages (the link carries "
+        "nothing, connections live on, new ones hang). No root needed; counts bytes each way.")
     lk.add_argument("--listen", required=True, metavar="HOST:PORT")
     lk.add_argument("--to", required=True, metavar="HOST:PORT")
     lk.add_argument("--up", default="50kbit", help="edge->cloud rate (default: %(default)s)")
@@ -27,7 +30,13 @@ def add_parser(sub) -> None:
     lk.add_argument("--jitter", default="0ms")
     lk.add_argument("--loss", type=float, default=0.0, help="segment loss probability")
     lk.add_argument("--burst", type=int, default=0, help="token-bucket burst, bytes")
-    lk.add_argument("--trace", help="CSV of time_s,kbps replacing --up/--down")
+    lk.add_argument("--trace", metavar="NAME|PATH",
+                    help=f"a shipped trace ({', '.join(shipped_traces())}) or a CSV of "
+                    "time_s,kbps[,rtt_ms[,loss]]: replaces --up/--down, and --rtt/--loss where "
+                    "it has those columns")
+    lk.add_argument("--outage", action="append", default=[], metavar="START:DURATION",
+                    help="the link is down for DURATION from START after it starts (seconds, "
+                    "or with ms/s; repeatable)")
     lk.add_argument("--seed", type=int, default=0)
     lk.set_defaults(func=run_link)
 
@@ -415,11 +424,13 @@ def run_link(args) -> int:
     import signal
 
     from acespec.sim.proxy import LinkProxy
-    from acespec.sim.stages import LinkSpec, parse_rate, parse_time
+    from acespec.sim.stages import LinkSpec, find_trace, parse_outage, parse_rate, parse_time
 
     try:
         spec = LinkSpec(parse_rate(args.up), parse_rate(args.down), parse_time(args.rtt),
-                        parse_time(args.jitter), args.loss, args.burst, args.trace)
+                        parse_time(args.jitter), args.loss, args.burst,
+                        str(find_trace(args.trace)) if args.trace else None,
+                        tuple(parse_outage(o) for o in args.outage))
         spec.build()  # validates rates, loss and the trace file
         lhost, lport = _hostport(args.listen)
         thost, tport = _hostport(args.to)
@@ -432,7 +443,8 @@ def run_link(args) -> int:
         port = await proxy.start()
         print(f"acespec link {lhost}:{port} -> {thost}:{tport}: up {args.up}, down "
               f"{args.down}, rtt {args.rtt}, jitter {args.jitter}, loss {args.loss}"
-              + (f", trace {args.trace}" if args.trace else ""), flush=True)
+              + (f", trace {args.trace}" if args.trace else "")
+              + "".join(f", outage {s:g}s for {d:g}s" for s, d in spec.outages), flush=True)
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)

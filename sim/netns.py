@@ -3,13 +3,19 @@ root namespace (the edge) and a namespace of its own (the cloud), each direction
 `tc` tbf on its egress. Kernels without netem cannot delay packets in `tc`, so the
 propagation delay is added by the asyncio proxy's Delay stage in the root namespace (the
 proxy then shapes nothing, only delays and counts). Needs root and `ip`/`tc` (iproute2).
+
+An outage here is a real one: `link_down` sets the edge's veth down, so the kernel's TCP
+retransmits, backs off and resumes on `link_up` (the asyncio proxy only models that).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -70,6 +76,25 @@ class NetnsLink:
             _run(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
                  f"{int(bps)}bit", "burst", str(burst(bps)), "latency", "2s")
         return self
+
+    def link_down(self) -> None:
+        """Set the edge's veth down: no packet crosses either way, connections stay open."""
+        _run("ip", "link", "set", self.veths[0], "down")
+
+    def link_up(self) -> None:
+        """Set the edge's veth up again (its address and route come back with it)."""
+        _run("ip", "link", "set", self.veths[0], "up")
+
+    @contextlib.contextmanager
+    def outage(self, seconds: float = 0.0) -> Iterator[None]:
+        """The link is down inside the block, and for at least `seconds` (blocking)."""
+        t0 = time.monotonic()
+        self.link_down()
+        try:
+            yield
+        finally:
+            time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
+            self.link_up()
 
     def argv_in_ns(self, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.name, *argv]

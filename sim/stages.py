@@ -3,17 +3,38 @@ departure time.
 
 A chunk carries the time it reaches the stage; a stage returns it with the time it leaves,
 so stages compose by chaining and never double-count delay. All stages keep FIFO order (a
-TCP byte stream cannot reorder). Randomness is passed in as a seeded Generator.
+TCP byte stream cannot reorder). Randomness is passed in as a seeded Generator. The trace
+stages (rate, RTT and loss in steps from a CSV) live in acespec.sim.trace and are re-exported
+here.
+
+Outages: an `OutageSchedule` holds the windows when a link is down; one schedule is shared by
+both directions (and, in the proxy, by every connection), and it can grow while the link runs.
+During a window the sender (Rate, Trace) sends nothing, and what was already on the wire when
+it began is lost and retransmitted once the link is back (the `Outage` stage at the far end).
 """
 
 from __future__ import annotations
 
-import bisect
-import csv
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
+
+from acespec.sim.trace import (
+    Trace,
+    TraceDelay,
+    TraceLoss,
+    TraceSteps,
+    find_trace,
+    read_trace,
+    shipped_traces,
+    trace_path,
+)
+
+__all__ = ["Chunk", "OutageSchedule", "Outage", "Rate", "Delay", "Jitter", "Loss", "Trace",
+           "TraceDelay", "TraceLoss", "TraceSteps", "Link", "LinkSpec", "find_trace",
+           "read_trace", "shipped_traces", "trace_path", "parse_rate", "parse_time",
+           "parse_outage", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -22,22 +43,92 @@ class Chunk:
     t: float  # seconds: when the chunk is at the current point of the link
 
 
-class Rate:
-    """Token bucket: `bits_per_s` sustained, up to `burst` bytes sent at once."""
+class OutageSchedule:
+    """When a link is down: windows [start_s, end_s) on the link's clock (seconds since the
+    link started). Shared and mutable: every stage built with it sees a window added later."""
 
-    def __init__(self, bits_per_s: float, burst: int = 0):
+    def __init__(self, windows: Iterable[tuple[float, float]] = ()):
+        # A list passed in is kept, not copied: whoever holds it can add windows.
+        self.windows: list[tuple[float, float]] = (
+            windows if isinstance(windows, list) else list(windows))  # [(start_s, end_s)]
+        for s, e in self.windows:
+            if not 0 <= s < e:
+                raise ValueError(f"an outage window needs 0 <= start < end, got ({s}, {e})")
+
+    @classmethod
+    def of(cls, outages: Iterable[tuple[float, float]]) -> OutageSchedule:
+        """From (start_s, duration_s) pairs, as LinkSpec.outages holds them."""
+        sched = cls()
+        for start, duration in outages:
+            sched.add(start, duration)
+        return sched
+
+    def add(self, start_s: float, duration_s: float) -> None:
+        """The link is down for `duration_s` seconds from `start_s`."""
+        if start_s < 0 or duration_s <= 0:
+            raise ValueError(f"an outage needs start >= 0 and duration > 0, got {start_s}, "
+                             f"{duration_s}")
+        self.windows.append((start_s, start_s + duration_s))
+
+    def back_at(self, t: float) -> float:
+        """The first time >= t (seconds) when the link is up: t itself if it is up then."""
+        moved = True
+        while moved:  # windows may overlap or abut
+            moved = False
+            for s, e in self.windows:
+                if s <= t < e:
+                    t, moved = e, True
+        return t
+
+    def next_start(self, t: float) -> float:
+        """The start of the first window that begins after t (inf: none)."""
+        return min((s for s, _ in self.windows if s > t), default=float("inf"))
+
+    def transmit(self, start: float, seconds: float) -> float:
+        """When sending that takes `seconds` of link time, begun at `start`, is done: the
+        link sends nothing during a window."""
+        t, left = self.back_at(start), seconds
+        while t + left > (s := self.next_start(t)):
+            left -= s - t
+            t = self.back_at(s)
+        return t + left
+
+
+class Outage:
+    """The link is down during the schedule's windows: a chunk that reaches the stage inside
+    one leaves at its end (TCP retransmits what was dropped once the link is back). FIFO kept.
+    Placed at the far end of a chain, it catches what was on the wire when the link went."""
+
+    def __init__(self, windows: OutageSchedule | list[tuple[float, float]]):
+        self.schedule = windows if isinstance(windows, OutageSchedule) else OutageSchedule(windows)
+        self.prev = 0.0
+
+    def __call__(self, c: Chunk) -> Chunk:
+        self.prev = max(self.prev, self.schedule.back_at(c.t))
+        return replace(c, t=self.prev)
+
+
+class Rate:
+    """Token bucket: `bits_per_s` sustained, up to `burst` bytes sent at once. With
+    `outages`, nothing is sent during their windows (the chunk's sending pauses)."""
+
+    def __init__(self, bits_per_s: float, burst: int = 0,
+                 outages: OutageSchedule | None = None):
         if bits_per_s <= 0:
             raise ValueError(f"rate must be > 0 bit/s, got {bits_per_s}")
-        self.bytes_per_s, self.burst = bits_per_s / 8, burst
+        self.bytes_per_s, self.burst, self.outages = bits_per_s / 8, burst, outages
         self.tokens, self.last, self.free_at = float(burst), 0.0, 0.0
 
     def __call__(self, c: Chunk) -> Chunk:
         start = max(c.t, self.free_at)
+        if self.outages is not None:
+            start = self.outages.back_at(start)
         self.tokens = min(self.burst, self.tokens + (start - self.last) * self.bytes_per_s)
         wait = max(0.0, (c.size - self.tokens) / self.bytes_per_s)
         self.tokens = max(0.0, self.tokens - c.size)
-        self.last = self.free_at = start + wait
-        return replace(c, t=start + wait)
+        done = self.outages.transmit(start, wait) if self.outages is not None else start + wait
+        self.last = self.free_at = done
+        return replace(c, t=done)
 
 
 class Delay:
@@ -80,48 +171,6 @@ class Loss:
         return replace(c, t=self.prev)
 
 
-class Trace:
-    """Time-varying bandwidth from (time s, kbit/s) steps; serialises chunks like Rate."""
-
-    def __init__(self, steps: list[tuple[float, float]]):
-        if not steps or any(k <= 0 for _, k in steps):
-            raise ValueError("a trace needs at least one (time, kbit/s > 0) step")
-        steps = sorted(steps)
-        self.times = [t for t, _ in steps]
-        self.rates = [k * 1000 / 8 for _, k in steps]  # bytes/s
-        self.free_at = 0.0
-
-    @classmethod
-    def from_csv(cls, path: str | Path) -> Trace:
-        """CSV rows `time_s,kbps` (a header row is allowed)."""
-        rows = []
-        with open(path, newline="") as f:
-            for row in csv.reader(f):
-                try:
-                    rows.append((float(row[0]), float(row[1])))
-                except (ValueError, IndexError):
-                    continue
-        return cls(rows)
-
-    def rate_at(self, t: float) -> float:
-        return self.rates[max(0, bisect.bisect_right(self.times, t) - 1)]
-
-    def __call__(self, c: Chunk) -> Chunk:
-        t, left = max(c.t, self.free_at), float(c.size)
-        while left > 0:
-            i = max(0, bisect.bisect_right(self.times, t) - 1)
-            rate = self.rates[i]
-            end = self.times[i + 1] if i + 1 < len(self.times) else float("inf")
-            if t + left / rate <= end:
-                t += left / rate
-                left = 0
-            else:
-                left -= (end - t) * rate
-                t = end
-        self.free_at = t
-        return replace(c, t=t)
-
-
 class Link:
     """One direction: a chain of stages."""
 
@@ -136,7 +185,10 @@ class Link:
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """A symmetric-or-not link: rates in bit/s, times in seconds."""
+    """A symmetric-or-not link: rates in bit/s, times in seconds.
+
+    A trace applies to both directions and replaces what it has columns for: the rates
+    always, the RTT and the loss where it has rtt_ms and loss columns."""
 
     up_bps: float
     down_bps: float
@@ -144,21 +196,43 @@ class LinkSpec:
     jitter_s: float = 0.0
     loss: float = 0.0
     burst: int = 0
-    trace: str | None = None  # CSV of time_s,kbps (applies to both directions)
+    trace: str | None = None  # CSV path: time_s,kbps[,rtt_ms[,loss]] (acespec.sim.trace)
+    outages: tuple[tuple[float, float], ...] = ()  # (start_s, duration_s) from the link's start
 
-    def build(self, seed: int = 0) -> tuple[Link, Link]:
-        """(uplink, downlink) stage chains; each direction gets half the RTT."""
+    def __post_init__(self):  # JSON round trips (bench load) hand lists back: normalise
+        object.__setattr__(self, "outages", tuple((float(s), float(d)) for s, d in self.outages))
+        OutageSchedule.of(self.outages)  # validates
+
+    def build(self, seed: int = 0, outages: OutageSchedule | None = None) -> tuple[Link, Link]:
+        """(uplink, downlink) stage chains; each direction gets half the RTT. Both share one
+        outage schedule: `outages` if given (a proxy's, which can grow), else this spec's."""
         rng = np.random.default_rng(seed)
-        return self._one(self.up_bps, rng), self._one(self.down_bps, rng)
+        if outages is None and self.outages:
+            outages = OutageSchedule.of(self.outages)
+        steps = read_trace(self.trace) if self.trace else None
+        return (self._one(self.up_bps, rng, steps, outages),
+                self._one(self.down_bps, rng, steps, outages))
 
-    def _one(self, bps: float, rng: np.random.Generator) -> Link:
-        stages = [Trace.from_csv(self.trace) if self.trace else Rate(bps, self.burst),
-                  Delay(self.rtt_s / 2)]
+    def _one(self, bps: float, rng: np.random.Generator, steps: TraceSteps | None,
+             outages: OutageSchedule | None) -> Link:
+        stages: list = [Trace(steps, outages) if steps else Rate(bps, self.burst, outages),
+                        TraceDelay(steps) if steps and steps.rtt_s else Delay(self.rtt_s / 2)]
         if self.jitter_s:
             stages.append(Jitter(self.jitter_s, rng))
-        if self.loss:
+        if steps and steps.loss:
+            stages.append(TraceLoss(steps, rng))
+        elif self.loss:
             stages.append(Loss(self.loss, rng))
+        if outages is not None:
+            stages.append(Outage(outages))
         return Link(*stages)
+
+
+def _number(text: str, what: str, example: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"bad {what} {example}") from None
 
 
 def parse_rate(text: str) -> float:
@@ -166,18 +240,32 @@ def parse_rate(text: str) -> float:
     t = text.strip().lower().replace("bps", "bit")
     for suffix, mult in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
         if t.endswith(suffix):
-            return float(t[: -len(suffix)]) * mult
-    return float(t)
+            t, scale = t[: -len(suffix)], mult
+            break
+    else:
+        scale = 1.0
+    return _number(t, "rate", f"{text!r} (e.g. 50kbit, 10mbit, 64000)") * scale
 
 
 def parse_time(text: str) -> float:
     """'50ms', '0.2s', '0.05' -> seconds."""
-    t = text.strip().lower()
+    t, scale = text.strip().lower(), 1.0
     if t.endswith("ms"):
-        return float(t[:-2]) / 1000
-    if t.endswith("s"):
-        return float(t[:-1])
-    return float(t)
+        t, scale = t[:-2], 1e-3
+    elif t.endswith("s"):
+        t = t[:-1]
+    return _number(t, "time", f"{text!r} (e.g. 50ms, 0.2s, 0.05)") * scale
+
+
+def parse_outage(text: str) -> tuple[float, float]:
+    """'10:5', '10s:500ms' -> (start_s, duration_s): down from START for DURATION."""
+    start, sep, duration = text.partition(":")
+    if not sep:
+        raise ValueError(f"bad outage {text!r} (expected START:DURATION, e.g. 10:5)")
+    out = parse_time(start), parse_time(duration)
+    if out[0] < 0 or out[1] <= 0:
+        raise ValueError(f"bad outage {text!r}: start must be >= 0 and duration > 0")
+    return out
 
 
 def simulate(link: Link, chunks: list[Chunk]) -> list[Chunk]:

@@ -220,6 +220,12 @@ def _reason(e: Exception) -> str:
     return str(e)
 
 
+def _refused(e: Exception) -> bool:
+    """The verifier's address answered no (refused, reset, no such host), as opposed to a
+    connection that got no answer at all (gRPC's own connect timeout included)."""
+    return isinstance(e, grpc.aio.AioRpcError) and "timed out" not in (e.details() or "")
+
+
 def _retriable(e: Exception) -> bool:
     """A lost connection is worth a new session; a refusal (bad request, auth, vocabulary,
     an unusable token in the metadata) would only be refused again."""
@@ -265,7 +271,7 @@ class Reconnect:
         if self.failures == 0:
             self.outage_t0 = now
         until = self.until(run)
-        if not run.connected and not run.offline.local and isinstance(e, grpc.aio.AioRpcError):
+        if not run.connected and not run.offline.local and _refused(e):
             # Refused (or no such host) before any session opened: most likely no verifier
             # there, and a typo should not take the whole deadline to report. A link that
             # gives no answer at all may be down for now: that is waited out.

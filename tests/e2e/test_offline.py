@@ -24,6 +24,8 @@ pytest.importorskip("llama_cpp")
 pytest.importorskip("torch")
 httpx = pytest.importorskip("httpx")
 
+from offline_client import Client, follow  # noqa: E402
+
 from cli_harness import Proc, acespec, wait_http  # noqa: E402
 from conftest import free_port  # noqa: E402
 
@@ -51,56 +53,6 @@ def _reference(cport: int) -> str:
                 "--max-tokens", "150", "--json", timeout=120)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)["text"]
-
-
-class Client(threading.Thread):
-    """A streaming request; keeps every SSE line with the time it arrived."""
-
-    def __init__(self, url: str, body: dict):
-        super().__init__(daemon=True)
-        self.url, self.body, self.lines = url, body, []
-
-    def run(self) -> None:
-        try:
-            with httpx.stream("POST", f"{self.url}/v1/completions", json=self.body,
-                              timeout=120) as r:
-                for line in r.iter_lines():
-                    if line:
-                        self.lines.append((time.monotonic(), line))
-        except httpx.HTTPError as e:
-            self.lines.append((time.monotonic(), f"error: {e}"))
-
-    def chunks(self) -> list[tuple[float, dict]]:
-        return [(t, json.loads(x[6:])) for t, x in self.lines if x.startswith("data: {")]
-
-    def texts(self) -> int:
-        return sum(bool(c.get("choices") and c["choices"][0]["text"]) for _, c in self.chunks())
-
-    def wait_texts(self, n: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while self.texts() < n and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert self.texts() >= n, self.lines[-5:]
-
-
-def follow(chunks: list[dict]) -> tuple[str, str]:
-    """A client following the acespec fields: (verified text, unverified text after it)."""
-    verified, unverified = "", ""
-    for c in chunks:
-        for ch in c.get("choices", []):
-            ext = ch.get("acespec", {})
-            if ext.get("unverified"):
-                unverified += ch["text"]
-            elif "confirmed" in ext:
-                n = ext["confirmed"] - len(verified)
-                verified, unverified = verified + unverified[:n], unverified[n:]
-            elif "replace" in ext:
-                n = ext["replace"]["offset"] - len(verified)
-                verified, unverified = verified + ext["replace"]["text"], unverified[:n]
-            else:
-                assert not unverified or not ch["text"], "verified text after unverified"
-                verified += ch["text"]
-    return verified, unverified
 
 
 def test_generate_local_keeps_answering_and_ends_on_the_verified_text():
