@@ -25,12 +25,13 @@ def acespec(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProce
 class Proc:
     """A long-running `acespec ...` (a server): start, wait for a line, signal, wait."""
 
-    def __init__(self, *args: str, env: dict | None = None):
+    def __init__(self, *args: str, env: dict | None = None, prefix: tuple[str, ...] = ()):
+        """`prefix` runs it through another command (e.g. `ip netns exec NAME`)."""
         self.dir = tempfile.TemporaryDirectory(prefix="acespec-proc-")
         self.out_path = Path(self.dir.name) / "stdout"
         self.err_path = Path(self.dir.name) / "stderr"
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.p = subprocess.Popen([ACESPEC, *args], stdout=out, stderr=err,
+            self.p = subprocess.Popen([*prefix, ACESPEC, *args], stdout=out, stderr=err,
                                       env={**os.environ, **(env or {})})
 
     @property
