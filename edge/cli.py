@@ -154,7 +154,7 @@ def _add_engine_args(p, mode: str) -> None:
                    "token the target disagrees with (default: %(default)s)")
     o.add_argument("--stall-after", type=number(float, 0.0, lo_open=True), default=None,
                    metavar="S", help="a verifier silent this long while it owes an answer "
-                   "counts as unreachable (default: 5 with --offline wait, 0.5 with local)")
+                   "counts as unreachable (default: 5 with --offline wait, 0.4 with local)")
     b = p.add_argument_group("state cache budgets per chunk (acespec mode; unset = derived "
                              "from the measured link and drafter)")
     amount = number(float, 0.0)

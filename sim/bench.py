@@ -19,10 +19,12 @@ import numpy as np
 
 from acespec.shared.config import DEPRECATED_KEYS, with_deprecated
 from acespec.sim.stages import LinkSpec, parse_rate, parse_time
+from acespec.sim.timeline import Screen, link_cycle_s, links
 
 MODES = ("ar", "sd", "pipeline", "acespec")
 BENCH_MODES = MODES + ("acespec-chain",  # acespec with one drafted chain, no tree
                        "acespec-gap",  # the tree, and the verifier's gap drafter proposing
+                       "acespec-local",  # acespec answering from the drafter while offline
                        "colo",  # the rivals: the verifier speculates for itself, the edge
                        "cloud-lookup")  # drafts nothing (its drafter beside the target; lookup)
 NO_EDGE_DRAFTS = ("colo", "cloud-lookup")
@@ -68,6 +70,9 @@ class BenchConfig:
                              f"{MAX_WINDOW}]")
         if self.max_tokens < 1:
             raise ValueError(f"--max-tokens {self.max_tokens} must be >= 1")
+        if self.netns and any(link_cycle_s(spec) is not None for _, spec in self.links):
+            raise ValueError("--netns shapes a fixed rate with tc: run traces and outages "
+                             "through the link emulator (without --netns)")
         if self.gap and not self.gap_drafter:
             raise ValueError("modes acespec-gap and colo need --gap-drafter")
         rivals = [m for m in self.modes if m in NO_EDGE_DRAFTS]
@@ -320,24 +325,18 @@ def engine_mode(mode: str) -> str:
     return mode if mode in MODES else "acespec"
 
 
+RECONNECT_DEADLINE_S = 60.0  # a run rides out any outage a shipped trace has
+
+
 async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, prompts,
                       state, progress, busy) -> None:
-    from acespec.edge.client import channel
     from acespec.edge.session import EdgeEngine, EngineConfig
     from acespec.shared.config import SamplingParams
     from acespec.shared.served import ServeParams
-    from acespec.sim.proxy import ProxyThread
 
-    # The link runs on its own loop: the edge's drafting must not hold its packets back.
-    proxy = ProxyThread(host, port, spec=proxy_spec, seed=cfg.seed)
-    # One long-lived connection per link, as an edge keeps it: per-token bytes then
-    # measure steady state, not a TCP/HTTP-2 handshake per request.
-    ch = channel(f"127.0.0.1:{await proxy.start()}")
-    try:
+    async with links(cfg.seed, host, port, proxy_spec) as link_for:
         for mode in cfg.modes:
-            edge = EdgeEngine(lambda ch=ch: ch, codec.vocab_hash,
-                              None if mode == "ar" else drafter, owns_channels=False)
-            for p in prompts:
+            for i, p in enumerate(prompts):
                 ecfg = EngineConfig(mode=engine_mode(mode), grow_tree=mode != "acespec-chain",
                                     depth=cfg.depth, window=cfg.window,
                                     adaptive=cfg.adaptive, max_depth=max(8, cfg.depth),
@@ -346,24 +345,40 @@ async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, 
                                         cfg.temperature, coupled=cfg.sampling == "coupled")),
                                     seed=cfg.seed, max_tokens=cfg.max_tokens,
                                     gap=mode in GAP_MODES,
-                                    edge_drafts=mode not in NO_EDGE_DRAFTS)
-                before = (proxy.counts.up, proxy.counts.down)
-                busy0 = await asyncio.to_thread(busy)
-                stamps: list[float] = []
-                t0 = time.perf_counter()
-                out, stats = await edge.generate(
-                    codec.encode(p["prompt"]), ecfg,
-                    lambda ids, st, stamp=stamps.append: stamp(time.perf_counter()))
-                rec = _record(label, spec, mode, p, stats, stamps, t0,
-                              proxy.counts.up - before[0], proxy.counts.down - before[1])
-                rec["verifier_s"] = round(await asyncio.to_thread(busy) - busy0, 4)
-                state["records"].append({**rec, "token_ids": list(out)})
+                                    edge_drafts=mode not in NO_EDGE_DRAFTS,
+                                    offline="local" if mode == "acespec-local" else "wait",
+                                    reconnect_deadline_s=RECONNECT_DEADLINE_S)
+                async with link_for(i / len(prompts)) as (proxy, ch):
+                    edge = EdgeEngine(lambda ch=ch: ch, codec.vocab_hash,
+                                      None if mode == "ar" else drafter, owns_channels=False)
+                    rec = await _run_one(edge, ecfg, codec.encode(p["prompt"]), proxy, busy)
+                rec = {**_record(label, spec, mode, p, rec.pop("stats"), rec.pop("stamps"),
+                                 rec.pop("t0"), rec.pop("up"), rec.pop("down")), **rec}
+                state["records"].append(rec)
                 state["done"] += 1
                 if progress:
                     progress(state["done"], state["total"], label, mode, p["id"])
-    finally:
-        await ch.close()
-        await proxy.stop()
+
+
+async def _run_one(edge, ecfg, prompt: list[int], proxy, busy) -> dict:
+    """One generation, timed as its user sees it (Screen); a run that fails counts its
+    tokens as lost."""
+    before = (proxy.counts.up, proxy.counts.down)
+    busy0 = await asyncio.to_thread(busy)
+    screen = Screen(ecfg.max_tokens)
+    t0 = time.perf_counter()
+    error = None
+    try:
+        out, stats = await edge.generate(prompt, ecfg, screen.verified, on_event=screen.event)
+    except (ConnectionError, OSError) as e:
+        from acespec.edge.session import Stats
+
+        out, stats, error = [], Stats(seconds=time.perf_counter() - t0), str(e)
+    return {"stats": stats, "stamps": screen.stamps, "t0": t0,
+            "up": proxy.counts.up - before[0], "down": proxy.counts.down - before[1],
+            "token_ids": list(out), "verifier_s": round(await asyncio.to_thread(busy) - busy0, 4),
+            "tokens_lost": ecfg.max_tokens - len(out) - len(stats.unverified_tail),
+            "longest_gap_s": screen.longest_gap(), "error": error}
 
 
 def _record(label, spec, mode, p, stats, stamps, t0, up, down) -> dict:
@@ -412,7 +427,7 @@ def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
                 "wire_bytes_down_per_token": round(sum(r["wire_bytes_down"] for r in rs) / tok, 2),
                 "up_messages_per_token": round(sum(r.get("messages_up", 0) for r in rs) / tok, 3),
                 "passes_per_token": round(sum(r["passes"] for r in rs) / tok, 3),
-                **_verifier_cost(rs, tok), **_idle(rs), **_same_as_ar(records, rs),
+                **_seen(rs, tok), **_verifier_cost(rs, tok), **_idle(rs), **_same_as_ar(records, rs),
             }
         sd_al = per_mode.get("sd", {}).get("mean_acceptance_length")
         for m in per_mode.values():
@@ -443,6 +458,18 @@ def _verifier_cost(rs: list[dict], tok: int) -> dict:
             "tokens_from_edge_drafts": edge,
             "tokens_from_proposals": sum(r.get("proposed_accepted") or 0 for r in rs),
             "tokens_from_lone_passes": lone}
+
+
+def _seen(rs: list[dict], tok: int) -> dict:
+    """What the user saw across runs: the longest gap between tokens (verified or, offline,
+    unverified), tokens lost (never delivered, verified or not: must be 0), and the share
+    of tokens first shown unverified (acespec-local)."""
+    gaps = [r["longest_gap_s"] for r in rs if r.get("longest_gap_s") is not None]
+    out = {"longest_gap_s": max(gaps) if gaps else None,
+           "tokens_lost": sum(r.get("tokens_lost") or 0 for r in rs)}
+    if any(r.get("unverified_tokens") for r in rs):
+        out["unverified_share"] = round(sum(r["unverified_tokens"] for r in rs) / tok, 3)
+    return out
 
 
 def _same_as_ar(records: list[dict], rs: list[dict]) -> dict:

@@ -99,11 +99,18 @@ def add_bench_parser(sub) -> None:
                    help="sweep: link rates (default: %(default)s)")
     b.add_argument("--rtts", default="10ms,50ms,100ms,200ms", help="sweep: RTTs")
     b.add_argument("--depths", default="2,4,8", help="sweep: draft depths")
-    b.add_argument("--link", default="50kbit:50ms", help="RATE:RTT list, or 'loopback' "
+    b.add_argument("--link", default="50kbit:50ms",
+                   help="comma-separated links: RATE:RTT, 'loopback', or trace:NAME (a "
+                   "shipped mobile-like trace: lte, wifi-handover) or trace:FILE.csv "
+                   "(time_s,kbps[,rtt_ms[,loss]]); any may add +outage=START:DURATION "
+                   "(repeatable). A link that changes in time starts each prompt's run at "
+                   "its own point of the link's cycle, the same for every mode "
                    "(default: %(default)s)")
     b.add_argument("--modes", default=None,
                    help="comma-separated, from: ar, sd, pipeline, acespec, acespec-chain "
                    "(acespec with one drafted chain instead of the speculation tree), "
+                   "acespec-local (acespec answering from the drafter, unverified, while the "
+                   "verifier is unreachable: edge --offline local), "
                    "acespec-gap (the tree, and the verifier's gap drafter proposing in the "
                    "passes no edge draft covers; the verifier then gets --gap-drafter, which "
                    "the other modes' sessions turn off), and the rivals that speculate at "

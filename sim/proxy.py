@@ -56,13 +56,16 @@ class _Conn:
 
 class LinkProxy:
     """Listens on `listen`, forwards to `target` through `spec`'s link (seeded per
-    connection). Its clock (`now`, seconds) starts at `start()`; outage windows
+    connection). Its clock (`now`, seconds) reads `clock_s` at `start()` (a run may begin
+    part-way into a trace); outage windows
     (`outage_schedule`: `spec.outages`, then `cut`) are on that clock and apply to every
     connection, both ways."""
 
     def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1",
-                 listen_port: int = 0, spec: LinkSpec | None = None, seed: int = 0):
+                 listen_port: int = 0, spec: LinkSpec | None = None, seed: int = 0,
+                 clock_s: float = 0.0):
         self.target = (target_host, target_port)
+        self.clock_s = clock_s
         self.listen = (listen_host, listen_port)
         self.spec, self.seed = spec, seed
         self.counts = ByteCounts()
@@ -76,12 +79,12 @@ class LinkProxy:
     async def start(self) -> int:
         """Start listening; returns the bound port."""
         self._loop = asyncio.get_running_loop()
-        self._t0 = self._loop.time()
+        self._t0 = self._loop.time() - self.clock_s
         self._server = await asyncio.start_server(self._handle, *self.listen)
         return self._server.sockets[0].getsockname()[1]
 
     def now(self) -> float:
-        """Seconds on the link's clock: since start() (0 before it)."""
+        """Seconds on the link's clock: clock_s + since start() (0 before it)."""
         return self._loop.time() - self._t0 if self._loop else 0.0
 
     def cut(self, seconds: float) -> None:

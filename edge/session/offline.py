@@ -29,7 +29,7 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 OFFLINE_MODES = ("wait", "local")
-STALL_S = {"wait": 5.0, "local": 0.5}  # default stall threshold per mode, seconds
+STALL_S = {"wait": 5.0, "local": 0.4}  # default stall threshold per mode, seconds
 LOCAL_CHUNK = 4  # tokens per drafter call while offline
 
 

@@ -146,3 +146,40 @@ def test_bench_runs_the_verifier_in_the_dtype_asked_for_every_mode(tiny_pair, ti
     bad = subprocess.run([sys.executable, "-m", "acespec", "bench", "--dtype", "int3"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--dtype" in bad.stderr and "int3" in bad.stderr
+
+
+def test_bench_through_a_trace_and_an_outage_loses_nothing(tiny_pair, tiny_hf_dir, tmp_path):
+    """`acespec bench --link trace:lte,RATE:RTT+outage=...`: each prompt's run starts at its
+    own point of the link's cycle (here two runs start inside the outage and one inside the
+    trace's gap), no mode loses a token, the decided modes give ar's text, and acespec-local
+    answers part of it unverified while the link is down."""
+    import json
+    import subprocess
+    import sys
+
+    _, _, ggufs = tiny_pair
+    out = tmp_path / "trace.json"
+    p = subprocess.run([sys.executable, "-P", "-m", "acespec", "bench", "--model",
+                        str(tiny_hf_dir), "--drafter", str(ggufs["q8_0"]), "--modes",
+                        "ar,acespec,acespec-local", "--per-category", "1", "--max-tokens",
+                        "24", "--link", "trace:lte,200kbit:50ms+outage=1:3",
+                        "--emulate-step-ms", "20", "--out", str(out)],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    result = json.loads(out.read_text())
+    n = len(load_prompts(per_category=1))
+    for row in result["summary"]:
+        assert row["tokens_lost"] == 0 and row["longest_gap_s"] is not None, row
+        if row["mode"] != "ar":
+            assert row["same_as_ar"] == f"{n}/{n}", row
+    local = [r for r in result["runs"] if r["mode"] == "acespec-local"]
+    assert sum(r["outages"] for r in local) >= 3  # 2 runs start in the outage, 1 in the gap
+    assert any(r["unverified_tokens"] for r in local)
+    assert all(r["error"] is None for r in result["runs"])
+
+
+def test_netns_bench_refuses_links_that_change_in_time():
+    from acespec.sim.bench import BenchConfig, parse_links
+
+    with pytest.raises(ValueError, match="--netns"):
+        BenchConfig(links=parse_links("trace:lte"), netns=True)
