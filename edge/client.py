@@ -121,6 +121,7 @@ class CloudSession:
         # the next pass; tree: Scores for nodes in flight) until the verifier says done.
         # The edge's stall detection reads it.
         self.owed_since: float | None = None
+        self.wait_s = 0.0  # running mean of how long an owed message took to come, seconds
         self._half_closed = False
 
     async def _write(self, msg: pb.Uplink) -> None:
@@ -237,7 +238,10 @@ class CloudSession:
         if msg is grpc.aio.EOF:
             raise ConnectionError("verifier closed the session stream")
         self.bytes_down += msg.ByteSize() + FRAMING
-        self.owed_since = time.perf_counter()
+        now = time.perf_counter()
+        if self.owed_since is not None:
+            self.wait_s += 0.1 * (now - self.owed_since - self.wait_s)
+        self.owed_since = now
         return msg
 
     async def done_writing(self) -> None:

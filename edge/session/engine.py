@@ -44,6 +44,7 @@ from acespec.edge.session.runner import OnTokens, Runner
 log = logging.getLogger(__name__)
 
 LAST_TRY_S = 0.25  # the least time left in a deadline worth another attempt
+STALL_WAITS = 4  # a session stalls at this many times its usual wait for the verifier, or more
 
 
 class EdgeEngine:
@@ -172,7 +173,8 @@ class EdgeEngine:
 class Watch:
     """Stall detection for one connection attempt: the link counts as down once the attempt
     has owed an answer for the offline stall threshold with none heard (connecting: since
-    it began; then since the first uplink message after the last downlink one). An opened
+    it began; then since the last message, or the first one up). A verifier that is slow to
+    answer anyway (a busy one) is given STALL_WAITS times its usual wait. An opened
     session that stalls is abandoned (Lost) and a new one dialled; one still opening is
     let be (it may be prefilling a long prompt), though local mode answers meanwhile."""
 
@@ -188,13 +190,16 @@ class Watch:
         since = self.sess.owed_since
         return 0.0 if since is None else time.perf_counter() - since
 
+    def stall_s(self) -> float:
+        usual = self.sess.wait_s if self.sess is not None else 0.0
+        return max(self.run.offline.stall_s, STALL_WAITS * usual)
+
     async def over(self, aw: Awaitable):
         """aw's result, watched; Lost if it stalls once opened."""
         task = asyncio.ensure_future(aw)
-        stall = self.run.offline.stall_s
         try:
             while True:
-                quiet = self.quiet_s()
+                stall, quiet = self.stall_s(), self.quiet_s()
                 if quiet >= stall:
                     reason = f"no word from the verifier for {quiet:.1f} s"
                     self.run.offline.down(reason, stalled=True)
