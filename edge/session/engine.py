@@ -92,7 +92,7 @@ class EdgeEngine:
                             raise
                         await self._end_unverified(run, e)
                         break
-            run._announce(run.settle_all())
+            run.announce(run.settle_all())
         finally:
             await run.offline.close()
         run.stats.seconds = time.perf_counter() - run.t0

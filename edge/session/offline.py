@@ -143,6 +143,8 @@ class Offline:
         if task is not None:
             task.cancel()
             await asyncio.wait({task})  # let a drafter call in flight finish
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("answering locally failed: %s", task.exception())
 
     async def _generate(self) -> None:
         """Draft after the verified text and the unverified span until the request's

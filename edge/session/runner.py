@@ -92,7 +92,7 @@ class Runner:
             settled = self._settle(t)
             if t in self.cfg.stop_ids:
                 self.finished = True
-                self._announce(settled or self.settle_all())
+                self.announce(settled or self.settle_all())
                 return
             self.out.append(t)
             self.stats.tokens += 1
@@ -102,7 +102,7 @@ class Runner:
                 self._sync_bytes()
                 if self.on_tokens([t], self.stats):  # the caller wants no more (a stop string)
                     self.finished = True
-            self._announce(settled)
+            self.announce(settled)
             if len(self.out) >= self.cfg.max_tokens:
                 self.finished = True
 
@@ -132,7 +132,7 @@ class Runner:
         confirmed, self._confirmed = self._confirmed, 0
         return Reconciled(confirmed, replaced)
 
-    def _announce(self, e: LinkEvent | None) -> None:
+    def announce(self, e: LinkEvent | None) -> None:
         if e is not None:
             self.event(e)
 
