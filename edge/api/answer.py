@@ -8,12 +8,16 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from acespec.edge.api.openai_types import CompletionRequest, choice
 from acespec.edge.session import Stats
 from acespec.edge.session.offline import LinkDown, LinkEvent, LinkUp
 from acespec.edge.shown import Append, Confirm, Op, Replace, ShownText, SpanMirror
 from acespec.edge.text import StreamDecoder
+
+if TYPE_CHECKING:
+    from acespec.edge.api.service import EdgeService
 
 FAILED = "failed"  # in place of a finish reason: the generation raised
 
@@ -50,7 +54,7 @@ class Answer:
     """One of the n generations of a request: text with stop strings applied and, in local
     offline mode, the unverified text shown after it (acespec.edge.shown)."""
 
-    def __init__(self, svc, req: CompletionRequest, index: int):
+    def __init__(self, svc: EdgeService, req: CompletionRequest, index: int):
         self.svc, self.req, self.index = svc, req, index
         self.cfg = svc.config(req, index)
         self.decoder = StreamDecoder(svc.codec)

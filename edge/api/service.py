@@ -110,7 +110,7 @@ class EdgeService:
         """The prompt's token ids; ApiError 400 if the request cannot fit one generation's
         share of the drafter context (it would fail mid-way, or starve the others)."""
         if isinstance(req.prompt, list):  # chat: control tokens from the template only
-            prompt = self.codec.encodestream_parts(req.prompt)
+            prompt = self.codec.encode_parts(req.prompt)
         else:  # completions: text, unless the caller asked for its control tokens
             prompt = self.codec.encode(req.prompt) if req.parse_special else \
                 self.codec.encode_parts([(req.prompt, False)])

@@ -192,3 +192,10 @@ def test_serve_local_ends_on_a_flagged_unverified_tail_when_the_verifier_never_r
     assert 0 < start < len(ch["text"])
     assert body["usage"]["unverified_left"] > 0
     assert body["usage"]["completion_tokens"] + body["usage"]["unverified_left"] == 150
+
+
+def test_local_without_a_drafter_is_a_usage_error():
+    r = acespec("edge", "generate", "x", "--mode", "ar", "--offline", "local", timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("acespec edge generate: error: --offline local answers from "
+                                "the drafter, and --mode ar has none")

@@ -2,7 +2,7 @@
 `acespec cloud serve` serving the tiny target), through the official `openai` SDK: content as
 a list of text parts (guidellm sends it so), models.retrieve, served names and aliases,
 ignore_eos where the model ends its text, stream_options.continuous_usage_stats, and user
-and metadata, which the server logs."""
+and metadata, which the server logs; and langchain-openai, a framework client, streaming."""
 
 from __future__ import annotations
 
@@ -152,6 +152,25 @@ def test_what_sdks_send_by_default_is_accepted(stack):
         client.chat.completions.create(model="tiny-llama", presence_penalty=0.5,
                                        messages=[{"role": "user", "content": "hi"}])
     assert e.value.body["param"] == "presence_penalty"
+
+
+def test_langchain_chat_model_streams_and_invokes(stack):
+    """langchain-openai's ChatOpenAI (a framework client), streaming and not, with AceSpec's
+    own request field passed through extra_body: the same text as the openai SDK's."""
+    chat_models = pytest.importorskip("langchain_openai")
+    client, _ = stack
+    llm = chat_models.ChatOpenAI(base_url=str(client.base_url), api_key="unused",
+                                 model="my-model", temperature=0, max_tokens=12,
+                                 max_retries=0, timeout=60, extra_body={"offline": "wait"})
+    ask = [("user", "write a loop")]
+    chunks = list(llm.stream(ask))
+    whole = llm.invoke(ask)
+    sdk = client.chat.completions.create(model="my-model", max_tokens=12, temperature=0,
+                                         messages=[{"role": "user", "content": "write a loop"}])
+    assert len(chunks) > 2
+    assert "".join(c.content for c in chunks) == whole.content \
+        == sdk.choices[0].message.content
+    assert whole.response_metadata["model_name"] == "tiny-llama"
 
 
 def test_model_name_flags_clash_is_one_line():
