@@ -259,7 +259,8 @@ class ScriptedEngine:
     def __init__(self, script: list[int]):
         self.script, self.prompts, self.configs = script, [], []
 
-    async def generate(self, prompt, cfg: EngineConfig, on_tokens=None, seq=0, branch_seq=None):
+    async def generate(self, prompt, cfg: EngineConfig, on_tokens=None, seq=0, branch_seq=None,
+                       on_event=None):
         self.prompts.append(list(prompt))
         self.configs.append(cfg)
         out, stats = [], Stats()
