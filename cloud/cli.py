@@ -204,6 +204,7 @@ def run_serve(args) -> int:
     from acespec.cloud.verify.engine import Limits
     from acespec.cloud.verify.gap import DraftEmulation
 
+    topo = None
     try:
         pairs.apply(args)
         topo = _check_tp(args)
@@ -228,11 +229,21 @@ def run_serve(args) -> int:
         asyncio.run(serve(cfg))
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"acespec cloud serve: error: {e}", file=sys.stderr)
+        if topo is not None and _in_group():
+            from acespec.cloud.target.tp_launch import exit_in_group
+
+            exit_in_group(2)
         return 2
     except ServeFailed as e:
         print(f"acespec cloud serve: error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _in_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def _demo_target() -> str:

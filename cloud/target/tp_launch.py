@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -96,14 +97,23 @@ def load_rank(path: str | Path, dtype: str, device: str, threads: int, topo: Top
     except Exception as e:  # noqa: BLE001 - reported through the group, below
         mine = f"error: {type(e).__name__}: {e}"
     prints = exchange((str(Path(path).resolve()), mine))
+    problem = _unfit(prints)
+    if problem:
+        raise ValueError(problem)
+    return model
+
+
+def _unfit(prints: list[tuple[str, str]]) -> str | None:
+    """Why the ranks cannot serve together, from each rank's (checkpoint path, fingerprint
+    or error): one line, or None."""
     for r, (where, what) in enumerate(prints):
         if what.startswith("error: "):
-            raise ValueError(f"tensor-parallel rank {r} could not load {where}: {what[7:]}")
+            return f"tensor-parallel rank {r} could not load {where}: {what[7:]}"
     if len({what for _, what in prints}) > 1:
         seen = "; ".join(f"rank {r}: {where} ({what})" for r, (where, what) in enumerate(prints))
-        raise ValueError("the tensor-parallel ranks see different checkpoints (config.json "
-                         f"or safetensors headers differ): {seen}")
-    return model
+        return ("the tensor-parallel ranks see different checkpoints (config.json or "
+                f"safetensors headers differ): {seen}")
+    return None
 
 
 def check_kernels(kernels: str, world: int) -> None:
@@ -180,9 +190,18 @@ def serve_rank(path: str, dtype: str, device: str, threads: int, topo: Topology,
     except ValueError as e:
         if topo.rank == 1:  # one line is enough; rank 0 prints it too
             log.debug("%s", e)
-        return 2
+        exit_in_group(2)
     log.info("tensor-parallel rank %d of %d ready", topo.rank, topo.world)
     return follow(model, beat_store(topo))
+
+
+def exit_in_group(code: int) -> None:
+    """Exit now with `code` from a process that joined a group that did not start: Python's
+    own exit tears down the group's threads and may abort (SIGABRT) instead of returning
+    the code, even after destroy_process_group. Output is flushed first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _leave_soon(signum, frame) -> None:
