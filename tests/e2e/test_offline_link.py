@@ -6,8 +6,8 @@ the verifier, with the demo pair.
   cloud-only decoding's text; local answered meanwhile;
 * at the start, 4 s: `edge serve` in wait mode keeps the stream alive with keep-alives and
   answers the uninterrupted text; in local mode it answers unverified first;
-* mid-answer, 5 s, not streamed: `edge serve` answers cloud-only decoding's text in both
-  modes;
+* the same outages for `edge serve`, streamed and not, in both modes: the verified text is
+  cloud-only decoding's;
 * flapping, 3 drops in 20 s: a local stream flags every unverified piece, each outage's
   first one within 0.5 s of its link-down note, and settles to the verified text.
 """
@@ -52,9 +52,9 @@ def verifier():
         yield port, ref
 
 
-def _link(port: int, *outages: str) -> tuple[Proc, int]:
+def _link(port: int, *outages: str, listen: int | None = None) -> tuple[Proc, int]:
     """The link emulator in front of the verifier, its outage clock started now."""
-    listen = free_port()
+    listen = listen or free_port()
     p = Proc("sim", "link", "--listen", f"127.0.0.1:{listen}", "--to", f"127.0.0.1:{port}",
              "--up", "50kbit", "--down", "50kbit", "--rtt", "50ms",
              *(x for o in outages for x in ("--outage", o)))
@@ -85,16 +85,17 @@ def test_generate_rides_out_the_link_going_down(verifier, offline, outages):
 
 @pytest.fixture
 def edge_serve(verifier):
-    """Start `edge serve` behind a link with the given outages: returns (url, link)."""
+    """Start `edge serve` behind a link with the given outages, the link's clock started
+    once the edge listens (so an outage at 0 s meets the first request): returns its URL."""
     port, _ = verifier
     started = []
 
     def start(*outages: str) -> str:
-        eport = free_port()
-        link, listen = _link(port, *outages)
+        eport, listen = free_port(), free_port()
         edge = Proc("edge", "serve", "--cloud", f"127.0.0.1:{listen}", "--port", str(eport))
-        started.extend([edge, link])
+        started.append(edge)
         edge.wait_for(r"acespec edge listening")
+        started.append(_link(port, *outages, listen=listen)[0])
         url = f"http://127.0.0.1:{eport}"
         wait_http(f"{url}/health")
         return url
@@ -163,15 +164,28 @@ def test_serve_local_through_a_flapping_link_flags_and_settles_every_outage(veri
 
 
 @pytest.mark.parametrize("offline", ["wait", "local"])
-def test_serve_without_stream_through_a_5_s_outage_answers_the_verified_text(
-        verifier, edge_serve, offline):
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+@pytest.mark.parametrize("outages", OUTAGES.values(), ids=OUTAGES.keys())
+def test_serve_rides_out_the_link_going_down(verifier, edge_serve, offline, stream, outages):
+    """Every outage, streamed or not, in both modes: the verified text is cloud-only
+    decoding's, and a stream's acespec fields settle to exactly it."""
     _, ref = verifier
-    url = edge_serve("4:5")
-    body = {**BODY, "stream": False, "max_tokens": 300, "offline": offline}
-    del body["stream_options"]
-    r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
-    assert r.status_code == 200, r.text
-    out = r.json()
-    assert out["choices"][0]["text"] == ref(300) and "acespec" not in out["choices"][0]
-    assert out["usage"]["unverified_left"] == 0
-
+    url = edge_serve(*outages)
+    body = {**BODY, "stream": stream, "max_tokens": 300, "offline": offline}
+    if stream:
+        client = Client(url, body)
+        client.run()
+        assert client.lines[-1][1] == "data: [DONE]", client.lines[-5:]
+        chunks = [c for _, c in client.chunks()]
+        assert follow(chunks) == (ref(300), "")
+        usage = chunks[-1]["usage"]
+    else:
+        del body["stream_options"]
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["choices"][0]["text"] == ref(300) and "acespec" not in out["choices"][0]
+        usage = out["usage"]
+    assert usage["unverified_left"] == 0
+    if offline == "local":
+        assert usage["outages"] >= 1, usage
