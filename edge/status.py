@@ -99,8 +99,8 @@ class TerminalAnswer:
     line."""
 
     def __init__(self, codec, status: LiveStatus, offline: str, quiet: bool):
-        self.decoder, self.status, self.offline, self.quiet = StreamDecoder(codec), status, \
-            offline, quiet
+        self.decoder = StreamDecoder(codec)
+        self.status, self.offline, self.quiet = status, offline, quiet
         self.text, self.mirror, self.shown = "", SpanMirror(), ShownText()
         self.printer, self.stats = AnswerPrinter(), None
 

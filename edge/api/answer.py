@@ -87,8 +87,12 @@ class Answer:
         new = self.ready()
         if self.cfg.offline != "local":
             return [Append(new)] if new else []
-        span = "" if self.finish == "stop" and not final else \
-            self.tail if final else self.decoder.peek(self.mirror.span)
+        if final:
+            span = self.tail
+        elif self.finish == "stop":
+            span = ""
+        else:
+            span = self.decoder.peek(self.mirror.span)
         held = self.text[self.sent:] if span else ""
         return self.shown.update(self.text[:self.sent], held + span)
 
@@ -163,10 +167,10 @@ def stream_parts(req: CompletionRequest, index: int, ops: list, finish: str | No
         parts.append(part)
     if finish:
         last = parts[-1] if parts else None
-        if isinstance(last, dict) and "acespec" not in last:
-            last["finish_reason"] = finish
-        else:
-            parts.append(last := choice(req, index, "", finish, True))
+        if not isinstance(last, dict) or "acespec" in last:  # the finish gets its own chunk
+            last = choice(req, index, "", finish, True)
+            parts.append(last)
+        last["finish_reason"] = finish
         if extension:
             last["acespec"] = {**last.get("acespec", {}), **extension}
     return parts

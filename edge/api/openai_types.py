@@ -93,7 +93,8 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
         top_p=_num(body, "top_p", float, 1.0, 1e-6, 1.0),
         top_k=_num(body, "top_k", int, 0, 0, 4096),
         seed=_num(body, "seed", int, None, 0, 2**63 - 1),
-        sampling=_sampling(body), offline=_offline(body), ignore_eos=_bool(body, "ignore_eos", False),
+        sampling=_one_of(body, "sampling", ("coupled", "exact")),
+        offline=_one_of(body, "offline", ("wait", "local")), ignore_eos=_bool(body, "ignore_eos", False),
         n=_num(body, "n", int, 1, 1, 8), stop=_stop(body.get("stop")), stream=stream,
         include_usage=usage_last, continuous_usage=usage_each,
         user=_optional_text(body, "user"),
@@ -160,21 +161,13 @@ def _metadata(value) -> dict[str, str] | None:
     return dict(value)
 
 
-def _sampling(body: dict) -> str | None:
-    """AceSpec's extension: "sampling": "coupled" | "exact" (see `edge serve --sampling`)."""
-    value = body.get("sampling")
-    if value is not None and value not in ("coupled", "exact"):
-        raise ApiError(400, f"'sampling' must be \"coupled\" or \"exact\", got {value!r}",
-                       "sampling")
-    return value
-
-
-def _offline(body: dict) -> str | None:
-    """AceSpec's extension: "offline": "wait" | "local" (see `edge serve --offline`)."""
-    value = body.get("offline")
-    if value is not None and value not in ("wait", "local"):
-        raise ApiError(400, f"'offline' must be \"wait\" or \"local\", got {value!r:.40}",
-                       "offline")
+def _one_of(body: dict, name: str, values: tuple[str, ...]) -> str | None:
+    """One of AceSpec's extension fields: "sampling" ("coupled" | "exact", see `edge serve
+    --sampling`), "offline" ("wait" | "local", see `edge serve --offline`); None if absent."""
+    value = body.get(name)
+    if value is not None and value not in values:
+        allowed = " or ".join(f'"{v}"' for v in values)
+        raise ApiError(400, f"'{name}' must be {allowed}, got {value!r:.40}", name)
     return value
 
 

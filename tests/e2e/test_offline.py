@@ -100,6 +100,15 @@ def served(request):
     _kill(procs["cloud"])
 
 
+def _post_local(url: str) -> tuple[threading.Thread, dict]:
+    """A non-streamed local-mode request in a thread; its response lands in box["r"]."""
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.update(r=httpx.post(
+        f"{url}/v1/completions", json={**BODY, "offline": "local"}, timeout=120)))
+    t.start()
+    return t, box
+
+
 def _ref_stream(url: str) -> str:
     r = httpx.post(f"{url}/v1/completions", json=BODY, timeout=120)
     assert r.status_code == 200, r.text
@@ -139,10 +148,7 @@ def test_serve_local_stream_flags_every_unverified_piece_and_settles_it(served):
 def test_serve_local_without_stream_answers_the_verified_text(served):
     url, _, restart, kill = served
     ref = _ref_stream(url)
-    box = {}
-    t = threading.Thread(target=lambda: box.update(r=httpx.post(
-        f"{url}/v1/completions", json={**BODY, "offline": "local"}, timeout=120)))
-    t.start()
+    t, box = _post_local(url)
     time.sleep(1.0)
     kill()
     time.sleep(2)
@@ -178,10 +184,7 @@ def test_serve_wait_pauses_with_keepalives_and_health_says_degraded(served):
 def test_serve_local_ends_on_a_flagged_unverified_tail_when_the_verifier_never_returns(
         served):
     url, _, _, kill = served
-    box = {}
-    t = threading.Thread(target=lambda: box.update(r=httpx.post(
-        f"{url}/v1/completions", json={**BODY, "offline": "local"}, timeout=120)))
-    t.start()
+    t, box = _post_local(url)
     time.sleep(1.0)
     kill()
     t.join(120)
