@@ -4,6 +4,7 @@ decode Scores down into `acespec.shared` types. Used by the edge engine and the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -17,12 +18,14 @@ from acespec.proto import acespec_pb2 as pb
 from acespec.proto import acespec_pb2_grpc as pb_grpc
 from acespec.proto.codec import (
     decode_counts,
+    decode_logprobs,
     decode_scores,
     encode_extend,
     encode_grow,
     encode_serve_params,
 )
 from acespec.proto.sizes import FRAMING
+from acespec.shared.logprobs import TokenLogprob
 from acespec.shared.served import NodeScore, ServeParams
 
 
@@ -99,6 +102,7 @@ class Decided:
     counts: dict | None  # with done: the verifier's account (acespec.proto.codec.decode_counts)
     acked: int = 0  # uplink messages the verifier had applied before this pass
     held_s: float = 0.0  # seconds since the last of them arrived there (queue + pass)
+    logprobs: list[TokenLogprob] | None = None  # the target's, per token (when asked)
 
 
 class VerifierTooOld(VerifierUnfit):
@@ -164,16 +168,18 @@ class CloudSession:
 
     async def open_decided(self, prompt: Sequence[int], params: ServeParams, seed: int,
                            vocab_hash: str, max_tokens: int, stop: Sequence[int],
-                           gap: bool = True) -> NodeScore | None:
+                           gap: bool = True, logprobs: int | None = None) -> NodeScore | None:
         """Open a session the verifier decides (greedy or coupled). Returns None when it
         does; an older verifier answers as for a tree session: its root's score (the
         caller then runs the tree protocol on this stream). gap=False: the verifier's gap
-        drafter, if it has one, proposes nothing here."""
+        drafter, if it has one, proposes nothing here. logprobs: every Decided carries the
+        target's logprobs, with that many alternatives per token."""
         await self._write(pb.Uplink(open=pb.Open(
             protocol_version=PROTOCOL_VERSION, vocab_hash=vocab_hash,
             prompt_tokens=list(map(int, prompt)), sampling=encode_serve_params(params),
             seed=seed, decide=pb.Decide(max_tokens=max_tokens, stop_tokens=list(stop),
-                                        no_gap=not gap))))
+                                        no_gap=not gap, logprobs=logprobs is not None,
+                                        top_logprobs=logprobs or 0))))
         opened = (await self._read()).opened
         self.session_id, self.model_id = opened.session_id, opened.model_id
         self.max_live_nodes, self.next_id = opened.max_live_nodes, 1
@@ -230,7 +236,9 @@ class CloudSession:
                 self.owed_since = None
             return Decided(d.position, list(d.tokens), d.passes, d.done,
                            decode_counts(d.counts) if d.HasField("counts") else None,
-                           d.acked, d.held_us * 1e-6)
+                           d.acked, d.held_us * 1e-6,
+                           decode_logprobs(d.logprobs, len(d.tokens))
+                           if d.HasField("logprobs") else None)
         if kind == "tail":
             return Tail(msg.tail.node_id, list(msg.tail.tail_token), list(msg.tail.tail_token_p))
         self.server_s = msg.scores.server_time * 1e-4
@@ -267,11 +275,28 @@ async def generate(ch: grpc.aio.Channel, prompt: Sequence[int], params: ServePar
                    stop: Sequence[int] = (), sizes: list[int] | None = None):
     """Cloud-only decoding: yields token ids as they stream in. `sizes`, if given, collects
     the serialized size of the request (first) and of each chunk."""
+    chunks = generate_chunks(ch, prompt, params, seed, max_tokens, vocab_hash, token, stop,
+                             sizes)
+    async with contextlib.aclosing(chunks):
+        async for tokens, _ in chunks:
+            for t in tokens:
+                yield t
+
+
+async def generate_chunks(ch: grpc.aio.Channel, prompt: Sequence[int], params: ServeParams,
+                          seed: int, max_tokens: int, vocab_hash: str = "",
+                          token: str | None = None, stop: Sequence[int] = (),
+                          sizes: list[int] | None = None, logprobs: int | None = None):
+    """Cloud-only decoding: yields (token ids, the target's logprobs of each or None) per
+    chunk as they stream in; logprobs asks for them, with that many alternatives per token.
+    `sizes`, if given, collects the serialized size of the request (first) and of each
+    chunk."""
     stub = pb_grpc.VerifierStub(ch)
     req = pb.GenerateRequest(protocol_version=PROTOCOL_VERSION, vocab_hash=vocab_hash,
                              prompt_tokens=list(map(int, prompt)),
                              sampling=encode_serve_params(params), seed=seed,
-                             max_tokens=max_tokens, stop_tokens=list(stop))
+                             max_tokens=max_tokens, stop_tokens=list(stop),
+                             logprobs=logprobs is not None, top_logprobs=logprobs or 0)
     if sizes is not None:
         sizes.append(req.ByteSize())
     call = stub.Generate(req, metadata=metadata(token))
@@ -279,8 +304,9 @@ async def generate(ch: grpc.aio.Channel, prompt: Sequence[int], params: ServePar
         async for chunk in call:
             if sizes is not None:
                 sizes.append(chunk.ByteSize())
-            for t in chunk.tokens:
-                yield t
+            if chunk.tokens:
+                yield list(chunk.tokens), (decode_logprobs(chunk.logprobs, len(chunk.tokens))
+                                           if chunk.HasField("logprobs") else None)
             if chunk.done:
                 return
     finally:

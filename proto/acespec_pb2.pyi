@@ -51,14 +51,18 @@ class Open(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., vocab_hash: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., seed: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., decide: _Optional[_Union[Decide, _Mapping]] = ...) -> None: ...
 
 class Decide(_message.Message):
-    __slots__ = ("max_tokens", "stop_tokens", "no_gap")
+    __slots__ = ("max_tokens", "stop_tokens", "no_gap", "logprobs", "top_logprobs")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NO_GAP_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     stop_tokens: _containers.RepeatedScalarFieldContainer[int]
     no_gap: bool
-    def __init__(self, max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., no_gap: _Optional[bool] = ...) -> None: ...
+    logprobs: bool
+    top_logprobs: int
+    def __init__(self, max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., no_gap: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class Drafts(_message.Message):
     __slots__ = ("position", "behind", "tokens")
@@ -177,7 +181,7 @@ class Opened(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., model_id: _Optional[str] = ..., vocab_hash: _Optional[str] = ..., max_live_nodes: _Optional[int] = ..., k_max: _Optional[int] = ..., root: _Optional[_Union[Scores, _Mapping]] = ..., coupled: _Optional[bool] = ..., decides: _Optional[bool] = ..., grows: _Optional[bool] = ..., gap: _Optional[bool] = ...) -> None: ...
 
 class Decided(_message.Message):
-    __slots__ = ("position", "tokens", "passes", "done", "counts", "acked", "held_us")
+    __slots__ = ("position", "tokens", "passes", "done", "counts", "acked", "held_us", "logprobs")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     PASSES_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +189,7 @@ class Decided(_message.Message):
     COUNTS_FIELD_NUMBER: _ClassVar[int]
     ACKED_FIELD_NUMBER: _ClassVar[int]
     HELD_US_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     position: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
     passes: int
@@ -192,7 +197,20 @@ class Decided(_message.Message):
     counts: DecidedCounts
     acked: int
     held_us: int
-    def __init__(self, position: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., passes: _Optional[int] = ..., done: _Optional[bool] = ..., counts: _Optional[_Union[DecidedCounts, _Mapping]] = ..., acked: _Optional[int] = ..., held_us: _Optional[int] = ...) -> None: ...
+    logprobs: Logprobs
+    def __init__(self, position: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., passes: _Optional[int] = ..., done: _Optional[bool] = ..., counts: _Optional[_Union[DecidedCounts, _Mapping]] = ..., acked: _Optional[int] = ..., held_us: _Optional[int] = ..., logprobs: _Optional[_Union[Logprobs, _Mapping]] = ...) -> None: ...
+
+class Logprobs(_message.Message):
+    __slots__ = ("token", "top_n", "top_id", "top")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOP_N_FIELD_NUMBER: _ClassVar[int]
+    TOP_ID_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    token: _containers.RepeatedScalarFieldContainer[float]
+    top_n: int
+    top_id: _containers.RepeatedScalarFieldContainer[int]
+    top: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token: _Optional[_Iterable[float]] = ..., top_n: _Optional[int] = ..., top_id: _Optional[_Iterable[int]] = ..., top: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class DecidedCounts(_message.Message):
     __slots__ = ("wall_us", "busy_us", "drafts_received", "drafts_scored", "drafts_reconciled", "dead_skipped", "continuation", "hits", "hits_restarted", "lone_passes", "lone_tokens", "proposed", "proposed_accepted", "gap_us")
@@ -249,7 +267,7 @@ class Downlink(_message.Message):
     def __init__(self, opened: _Optional[_Union[Opened, _Mapping]] = ..., scores: _Optional[_Union[Scores, _Mapping]] = ..., tail: _Optional[_Union[TailSamples, _Mapping]] = ..., decided: _Optional[_Union[Decided, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("protocol_version", "vocab_hash", "prompt_tokens", "sampling", "seed", "max_tokens", "stop_tokens")
+    __slots__ = ("protocol_version", "vocab_hash", "prompt_tokens", "sampling", "seed", "max_tokens", "stop_tokens", "logprobs", "top_logprobs")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     VOCAB_HASH_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -257,6 +275,8 @@ class GenerateRequest(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     vocab_hash: str
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -264,14 +284,18 @@ class GenerateRequest(_message.Message):
     seed: int
     max_tokens: int
     stop_tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, protocol_version: _Optional[int] = ..., vocab_hash: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+    logprobs: bool
+    top_logprobs: int
+    def __init__(self, protocol_version: _Optional[int] = ..., vocab_hash: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("tokens", "done", "passes")
+    __slots__ = ("tokens", "done", "passes", "logprobs")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     PASSES_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     done: bool
     passes: int
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., done: _Optional[bool] = ..., passes: _Optional[int] = ...) -> None: ...
+    logprobs: Logprobs
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., done: _Optional[bool] = ..., passes: _Optional[int] = ..., logprobs: _Optional[_Union[Logprobs, _Mapping]] = ...) -> None: ...

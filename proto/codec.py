@@ -10,6 +10,7 @@ import numpy as np
 
 from acespec.proto import acespec_pb2 as pb
 from acespec.shared.config import ConfigError, SamplingParams
+from acespec.shared.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from acespec.shared.served import MAX_TAIL_SAMPLES, NodeScore, ServeParams
 
 
@@ -216,6 +217,36 @@ def decode_counts(msg: pb.DecidedCounts) -> dict:
             "hits_restarted": msg.hits_restarted, "lone_passes": msg.lone_passes,
             "lone_tokens": msg.lone_tokens, "proposed": msg.proposed,
             "proposed_accepted": msg.proposed_accepted, "gap_s": msg.gap_us / 1e6}
+
+
+# -- logprobs -----------------------------------------------------------------
+
+
+def check_top_logprobs(asked: bool, top_n: int, where: str) -> int | None:
+    """What a request asked for: None (no logprobs) or the alternatives per token."""
+    if not asked:
+        return None
+    if not 0 <= top_n <= MAX_TOP_LOGPROBS:
+        raise WireError(f"{where}.top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_n}")
+    return top_n
+
+
+def encode_logprobs(entries: Sequence[TokenLogprob]) -> pb.Logprobs:
+    """One entry per token, each with as many alternatives as the first."""
+    top_n = len(entries[0].top_ids) if entries else 0
+    return pb.Logprobs(token=[e.logprob for e in entries], top_n=top_n,
+                       top_id=[i for e in entries for i in e.top_ids],
+                       top=[x for e in entries for x in e.top_logprobs])
+
+
+def decode_logprobs(msg: pb.Logprobs, n_tokens: int) -> list[TokenLogprob]:
+    """The entries of `n_tokens` tokens; WireError if the message does not hold them."""
+    n, k = len(msg.token), msg.top_n
+    if n != n_tokens or len(msg.top_id) != n * k or len(msg.top) != n * k:
+        raise WireError(f"Logprobs holds {n} tokens with {len(msg.top_id)} alternatives "
+                        f"(top_n {k}) for {n_tokens} tokens")
+    return [TokenLogprob(msg.token[i], tuple(msg.top_id[i * k:(i + 1) * k]),
+                         tuple(msg.top[i * k:(i + 1) * k])) for i in range(n)]
 
 
 def check_more_tail(msg: pb.MoreTail) -> tuple[int, int]:

@@ -25,11 +25,13 @@ from acespec.proto import acespec_pb2_grpc as pb_grpc
 from acespec.proto.codec import (
     WireError,
     check_more_tail,
+    check_top_logprobs,
     decode_drafts,
     decode_extend,
     decode_grow,
     decode_serve_params,
     encode_counts,
+    encode_logprobs,
     encode_scores,
 )
 from acespec.shared.served import ServeParams
@@ -230,7 +232,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         params = decode_serve_params(msg.sampling, self.default_params)
         session_id, session, first = await self.engine.open_decided(
             list(msg.prompt_tokens), params, msg.seed, msg.decide.max_tokens,
-            list(msg.decide.stop_tokens), gap=not msg.decide.no_gap)
+            list(msg.decide.stop_tokens), gap=not msg.decide.no_gap,
+            logprobs=check_top_logprobs(msg.decide.logprobs, msg.decide.top_logprobs,
+                                        "Decide"))
         opened.append(session_id)
         if self.engine.metrics:
             self.engine.metrics.sessions_opened.inc()
@@ -239,10 +243,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             vocab_hash=self.engine.vocab_hash, k_max=params.k_max,
             coupled=params.sampling.coupled, decides=True, grows=True,
             gap=session.gap is not None)))
-        start = session.prompt_len
-        await self._write(context, pb.Downlink(decided=self._last_decided(session, start, first)
-                                               if session.done else pb.Decided(
-            position=start, tokens=first, passes=session.counts.passes)))
+        await self._write(context, pb.Downlink(decided=self._decided(
+            session, session.prompt_len, first)))
         return session
 
     async def _decided_loop(self, session, context) -> None:
@@ -254,12 +256,12 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         try:
             while not session.done:
                 if self._apply_uplink(session, inbox):  # the edge has what it needs
-                    await self._write(context, pb.Downlink(decided=self._last_decided(
-                        session, session.end, [])))
+                    session.last_logprobs = []
+                    await self._write(context, pb.Downlink(decided=self._decided(
+                        session, session.end, [], last=True)))
                     return
                 start, new = await self.engine.decided_pass(session)
-                msg = (self._last_decided(session, start, new) if session.done else
-                       pb.Decided(position=start, tokens=new, passes=session.counts.passes))
+                msg = self._decided(session, start, new)
                 _ack(msg, session)
                 await self._write(context, pb.Downlink(decided=msg))
             await self._until_half_close(inbox)
@@ -281,10 +283,16 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             await asyncio.wait_for(drain(), linger_s)
 
     @staticmethod
-    def _last_decided(session, start: int, tokens: list[int]) -> pb.Decided:
-        """The session's last message: done, with the verifier's account of it."""
-        return pb.Decided(position=start, tokens=tokens, passes=session.counts.passes,
-                          done=True, counts=encode_counts(session.counts, time.perf_counter()))
+    def _decided(session, start: int, tokens: list[int], last: bool = False) -> pb.Decided:
+        """What a pass decided, with the target's logprobs where the session asked; the
+        session's last message (done, or `last`) carries the verifier's account of it."""
+        msg = pb.Decided(position=start, tokens=tokens, passes=session.counts.passes)
+        if session.logprobs is not None:
+            msg.logprobs.CopyFrom(encode_logprobs(session.last_logprobs))
+        if session.done or last:
+            msg.done = True
+            msg.counts.CopyFrom(encode_counts(session.counts, time.perf_counter()))
+        return msg
 
     def _apply_uplink(self, session, inbox: asyncio.Queue) -> bool:
         """Apply queued uplink messages of a decided session, about one pending-limit's worth
@@ -396,14 +404,19 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             self._count("up", request)
             self.engine.check_handshake(request.protocol_version, request.vocab_hash)
             params = decode_serve_params(request.sampling, self.default_params)
+            asked = check_top_logprobs(request.logprobs, request.top_logprobs,
+                                       "GenerateRequest")
             tokens = self.engine.generate(list(request.prompt_tokens), params, request.seed,
-                                          request.max_tokens, list(request.stop_tokens))
+                                          request.max_tokens, list(request.stop_tokens),
+                                          asked)
             count = 0
             async with contextlib.aclosing(tokens):
-                async for token in tokens:
+                async for token, lp in tokens:
                     count += 1
-                    await self._write(context, pb.GenerateChunk(tokens=[token],
-                                                                passes=count))
+                    chunk = pb.GenerateChunk(tokens=[token], passes=count)
+                    if lp is not None:
+                        chunk.logprobs.CopyFrom(encode_logprobs([lp]))
+                    await self._write(context, chunk)
             await self._write(context, pb.GenerateChunk(done=True, passes=count))
         except asyncio.CancelledError:
             if self.draining:

@@ -30,6 +30,7 @@ import numpy as np
 from acespec.cloud.errors import InvalidArgument, ResourceExhausted
 from acespec.cloud.verify.share import Share
 from acespec.shared.coupled import coupled_target
+from acespec.shared.logprobs import TokenLogprob, token_logprob
 from acespec.shared.lookup import lookup_order
 from acespec.shared.served import ServeParams, sample_served, served
 
@@ -124,6 +125,8 @@ class DecidedSession:
         self.share = Share(limits.pass_nodes)  # nodes per pass it earns (cloud.verify.share)
         self.gap = None  # the gap drafter's state for this session (acespec.cloud.verify.gap), if any
         self.acked, self.acked_at = 0, 0.0  # uplink messages applied; the last one's arrival
+        self.logprobs: int | None = None  # asked for: alternatives per token (None: not asked)
+        self.last_logprobs: list[TokenLogprob] = []  # of the tokens the last pass decided
 
     @property
     def end(self) -> int:
@@ -306,11 +309,14 @@ class DecidedSession:
             if not node.proposed:
                 drafted.add(parent)
         new, at, self.walked = [], ROOT, []  # walked: pass indices of the accepted nodes
+        lps: list[TokenLogprob] = []  # the target's logprobs of `new`, when asked
         hit = None  # the guessed node the walk entered last
         while True:
             row = rows[0] if at == ROOT else rows[1 + index[at]]
             y = decide(row, self.params, self.seed, start + len(new))
             new.append(y)
+            if self.logprobs is not None:
+                lps.append(token_logprob(row, y, self.logprobs))
             nxt = kids.get(at, {}).get(y)
             if nxt is None or y in self.limits.stop:
                 self.counts.continuation += at not in drafted
@@ -324,6 +330,7 @@ class DecidedSession:
             self.counts.proposed_accepted += self.nodes[nxt].proposed
             at = nxt
         new = self._commit(new)
+        self.last_logprobs = lps[:len(new)]
         self._count_pass(fed, new, seconds)
         for nid in fed:  # a fed node the walk did not take is dead (its slot is gone)
             if self.nodes[nid].proposed:

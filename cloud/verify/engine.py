@@ -23,6 +23,7 @@ from acespec.cloud.errors import (
 from acespec.cloud.target.model import Request, Transformer
 from acespec.cloud.verify.batcher import Batcher, StepEmulation
 from acespec.cloud.verify.decided import DecidedSession, DecideLimits, decide
+from acespec.shared.logprobs import TokenLogprob, token_logprob
 from acespec.cloud.verify.gap import GapDrafter
 from acespec.cloud.verify.proposals import Depth
 from acespec.cloud.verify.session import TreeSession
@@ -139,11 +140,14 @@ class Engine:
         return OpenResult(session_id, session, root, live)
 
     async def open_decided(self, prompt: Sequence[int], params: ServeParams, seed: int,
-                           max_tokens: int, stop: Sequence[int], gap: bool = True
+                           max_tokens: int, stop: Sequence[int], gap: bool = True,
+                           logprobs: int | None = None
                            ) -> tuple[str, DecidedSession, list[int]]:
         """A session the verifier decides (greedy or coupled): the prefill pass decides the
         first token (returned); every later pass feeds the last decided token first. gap:
-        the gap drafter (if the verifier has one) proposes in its lone passes."""
+        the gap drafter (if the verifier has one) proposes in its lone passes. logprobs: the
+        target's logprobs of each decided token are kept, with that many alternatives
+        (session.last_logprobs)."""
         if not params.sampling.decided:
             raise FailedPrecondition("Open.decide needs a greedy (temperature 0) or coupled "
                                      "session: exact sampled sessions are decided by the edge")
@@ -157,6 +161,7 @@ class Engine:
                               context=context, pass_nodes=self.limits.max_live_nodes,
                               vocab=vocab, propose=self.limits.propose)
         session = DecidedSession(prompt, params, seed, limits)
+        session.logprobs = logprobs
         session.cache = self.model.new_cache(len(prompt) + 64)
         if gap and self.gap and self.limits.propose:
             session.gap = self.gap.open()
@@ -279,11 +284,14 @@ class Engine:
                 self.metrics.drop_share(session_id)
 
     async def generate(self, prompt: Sequence[int], params: ServeParams, seed: int,
-                       max_tokens: int = 0, stop: Sequence[int] = ()) -> AsyncIterator[int]:
-        """Cloud-only autoregressive decoding from p~; token at absolute position i is drawn
-        with a uniform from RNG(seed, i), so a seed fixes the output. max_tokens 0 = unset:
-        DEFAULT_GENERATE_TOKENS, or fewer when the model's context has less room. Counts
-        as a session against max_sessions while it runs; close it (aclose) to stop."""
+                       max_tokens: int = 0, stop: Sequence[int] = (),
+                       logprobs: int | None = None
+                       ) -> AsyncIterator[tuple[int, TokenLogprob | None]]:
+        """Cloud-only autoregressive decoding from p~: yields (token, its logprob entry with
+        `logprobs` alternatives, or None when not asked). The token at absolute position i
+        is drawn with a uniform from RNG(seed, i), so a seed fixes the output. max_tokens
+        0 = unset: DEFAULT_GENERATE_TOKENS, or fewer when the model's context has less room.
+        Counts as a session against max_sessions while it runs; close it (aclose) to stop."""
         max_tokens = self._check_generate(prompt, max_tokens)
         self._admit()
         self.generating += 1
@@ -292,8 +300,9 @@ class Engine:
             logits = await self.batcher.score(Request(list(prompt), cache, None, last_only=True))
             stop = set(stop)
             for i in range(max_tokens):
-                token = decide(logits[-1].cpu().numpy(), params, seed, len(prompt) + i)
-                yield token
+                row = logits[-1].cpu().numpy()
+                token = decide(row, params, seed, len(prompt) + i)
+                yield token, None if logprobs is None else token_logprob(row, token, logprobs)
                 if token in stop or i + 1 == max_tokens:
                     return
                 logits = await self.batcher.score(Request([token], cache))

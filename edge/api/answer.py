@@ -6,10 +6,12 @@ applied, and in local offline mode the unverified text after it and how it was s
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from acespec.edge.api.logprobs import Scored, logprobs_field
 from acespec.edge.api.openai_types import CompletionRequest, choice
 from acespec.edge.session import Stats
 from acespec.edge.session.offline import LinkDown, LinkEvent, LinkUp
@@ -27,6 +29,14 @@ class Note:
     """A line for the stream's reader that is not text: an SSE comment."""
 
     text: str
+
+
+@dataclass(frozen=True)
+class WithLogprobs:
+    """Verified text to append, and its tokens' logprobs (the choice's `logprobs` field)."""
+
+    text: str
+    logprobs: dict
 
 
 @dataclass
@@ -62,10 +72,16 @@ class Answer:
         self.stats = Stats()
         self.mirror, self.shown = SpanMirror(), ShownText()
         self.tail = ""  # unverified text the answer ended on (the verifier never came back)
+        self.ids: list[int] = []  # the verified tokens, and the text's length after each
+        self.ends: list[int] = []
+        self.scored_sent = 0  # tokens whose logprobs the stream has carried
 
     def on_tokens(self, ids, stats) -> bool:
         self.mirror.verified(ids)
-        self.text += self.decoder.feed(ids)
+        for t in ids:
+            self.text += self.decoder.feed([t])
+            self.ids.append(t)
+            self.ends.append(len(self.text))
         for s in self.req.stop:
             at = self.text.find(s)
             if at >= 0:
@@ -73,18 +89,39 @@ class Answer:
                 return True
         return False
 
-    def ready(self) -> str:
-        """New text that can no longer turn into the start of a stop string."""
+    def ready(self, final: bool = False) -> str:
+        """New text that can no longer turn into the start of a stop string (at the end,
+        all of it)."""
         hold = max((len(s) - 1 for s in self.req.stop), default=0)
-        end = len(self.text) if self.finish == "stop" else max(self.sent, len(self.text) - hold)
+        end = len(self.text) if final or self.finish == "stop" else \
+            max(self.sent, len(self.text) - hold)
         out, self.sent = self.text[self.sent:end], end
         return out
+
+    def logprobs(self, first: int, end: int) -> dict:
+        """The choice's `logprobs` field for tokens first.. whose text ends by character
+        `end` of the answer (the target's, as the verifier sent them)."""
+        last = bisect.bisect_right(self.ends, end, lo=first)
+        starts = [self.ends[i - 1] if i else 0 for i in range(first, last)]
+        return logprobs_field(self.req.chat, self.svc.codec.piece_fn, Scored(
+            self.ids[first:last], self.stats.logprobs[first:last], starts))
+
+    def _scored_view(self, new: str) -> list[Op]:
+        """New verified text with the logprobs of the tokens it completes."""
+        last = bisect.bisect_right(self.ends, self.sent, lo=self.scored_sent)
+        if not new and last == self.scored_sent:
+            return []
+        field_ = self.logprobs(self.scored_sent, self.sent)
+        self.scored_sent = last
+        return [WithLogprobs(new, field_)]
 
     def view(self, final: bool = False) -> list[Op]:
         """What the reader must be told now: new verified text and, in local mode, changes
         to the unverified text after it (verified text held back for a stop string is shown
         as unverified meanwhile)."""
-        new = self.ready()
+        new = self.ready(final)
+        if self.req.logprobs is not None:  # (never local: the config refuses it)
+            return self._scored_view(new)
         if self.cfg.offline != "local":
             return [Append(new)] if new else []
         if final:
@@ -157,8 +194,11 @@ def stream_parts(req: CompletionRequest, index: int, ops: list, finish: str | No
         if isinstance(op, Note):
             parts.append(op)
             continue
-        part = choice(req, index, op.text if isinstance(op, Append) else "", None, True)
-        if isinstance(op, Append) and not op.verified:
+        text = op.text if isinstance(op, (Append, WithLogprobs)) else ""
+        part = choice(req, index, text, None, True)
+        if isinstance(op, WithLogprobs):
+            part["logprobs"] = op.logprobs
+        elif isinstance(op, Append) and not op.verified:
             part["acespec"] = {"unverified": True}
         elif isinstance(op, Confirm):
             part["acespec"] = {"confirmed": op.end}

@@ -12,6 +12,7 @@ from acespec.edge.api.errors import ApiError, text
 from acespec.edge.api.messages import parse_messages
 from acespec.edge.api.params import check_fields
 from acespec.shared.config import with_deprecated
+from acespec.shared.logprobs import MAX_TOP_LOGPROBS
 
 __all__ = ["ApiError", "CompletionRequest", "parse_request"]
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512  # OpenAI's limits, in characters
@@ -40,6 +41,7 @@ class CompletionRequest:
     safety_identifier: str | None = None
     metadata: dict[str, str] | None = None
     parse_special: bool = False  # /v1/completions: control tokens spelled in the prompt count
+    logprobs: int | None = None  # the target's logprobs, with this many alternatives per token
 
 
 def _num(body: dict, name: str, kind, default, lo=None, hi=None):
@@ -100,7 +102,22 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
         user=_optional_text(body, "user"),
         safety_identifier=_optional_text(body, "safety_identifier"),
         metadata=_metadata(body.get("metadata")),
-        parse_special=not chat and _bool(body, "parse_special", False))
+        parse_special=not chat and _bool(body, "parse_special", False),
+        logprobs=_logprobs(body, chat))
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """Alternatives per token, or None when no logprobs are asked for. Chat: `logprobs`
+    true|false and `top_logprobs` 0..20; completions: `logprobs` 0..20 (OpenAI's legacy
+    field, its number of alternatives)."""
+    if not chat:
+        return _num(body, "logprobs", int, None, 0, MAX_TOP_LOGPROBS)
+    top = _num(body, "top_logprobs", int, None, 0, MAX_TOP_LOGPROBS)
+    if not _bool(body, "logprobs", False):
+        if top:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return None
+    return top or 0
 
 
 def _max_tokens(body: dict, chat: bool) -> int:

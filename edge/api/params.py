@@ -18,15 +18,17 @@ _BOTH = frozenset({
     "top_k", "ignore_eos",  # vLLM's extensions
     "sampling",  # AceSpec's: "coupled" | "exact"
     "offline",  # AceSpec's: "wait" | "local" (while the verifier cannot be reached)
+    "logprobs",  # the target's (acespec.shared.logprobs): chat true|false, completions 0..20
 })
-HONOURED = {True: _BOTH | {"messages"}, False: _BOTH | {"prompt", "parse_special"}}
+HONOURED = {True: _BOTH | {"messages", "top_logprobs"},
+            False: _BOTH | {"prompt", "parse_special"}}
 
 # Off-only fields -> the values that mean "off" (null always does). The penalties and
 # logit_bias change the served distribution: they belong at the verifier, which does not
-# take them; logprobs would need the verifier's distributions; tools, structured output,
-# audio and the hosted features are not served here.
+# take them; echo would need the prompt's logprobs; tools, structured output, audio and
+# the hosted features are not served here.
 OFF: dict[str, tuple] = {
-    "logprobs": (False, 0), "top_logprobs": (0,), "echo": (False,), "best_of": (1,),
+    "echo": (False,), "best_of": (1,),
     "suffix": ("",), "logit_bias": ({},), "presence_penalty": (0,),
     "frequency_penalty": (0,), "response_format": ({"type": "text"},),
     "tools": ([],), "tool_choice": ("none",), "parallel_tool_calls": (True, False),

@@ -186,10 +186,16 @@ class EdgeService:
         serve = ServeParams(SamplingParams(req.temperature, req.top_k, req.top_p, coupled),
                             send_mass=self.base.serve.send_mass, k_max=self.base.serve.k_max)
         stops = frozenset() if req.ignore_eos else self.codec.stop_ids
-        return replace(self.base, serve=serve, seed=seed, max_tokens=req.max_tokens,
-                       verifier_decides=coupled, offline=req.offline or self.base.offline,
-                       stop_ids=stops, backoff_s=0.1,
-                       reconnect_deadline_s=self.reconnect_deadline_s)
+        cfg = replace(self.base, serve=serve, seed=seed, max_tokens=req.max_tokens,
+                      verifier_decides=coupled, offline=req.offline or self.base.offline,
+                      stop_ids=stops, backoff_s=0.1,
+                      reconnect_deadline_s=self.reconnect_deadline_s)
+        if req.logprobs is None:
+            return cfg
+        try:
+            return replace(cfg, logprobs=req.logprobs)
+        except ValueError as e:  # not served in this session's mode
+            raise ApiError(400, str(e), "logprobs") from None
 
 
 async def complete(svc: EdgeService, req: CompletionRequest, prompt: list[int]) -> dict:
@@ -207,6 +213,8 @@ async def complete(svc: EdgeService, req: CompletionRequest, prompt: list[int]) 
 
 def _final(req: CompletionRequest, c: Answer) -> dict:
     part = choice(req, c.index, c.text + c.tail, c.finish, False)
+    if req.logprobs is not None:
+        part["logprobs"] = c.logprobs(0, len(c.text))
     if c.extension():
         part["acespec"] = c.extension()
     return part

@@ -6,7 +6,7 @@ import contextlib
 
 import grpc
 
-from acespec.edge.client import generate
+from acespec.edge.client import generate_chunks
 from acespec.edge.session.runner import Runner
 from acespec.proto.sizes import FRAMING
 
@@ -21,15 +21,17 @@ class ArDriver:
         run, cfg = self.run, self.run.cfg
         sizes: list[int] = []  # message sizes: the request, then each token's
         try:
-            stream = generate(self.ch, run.context, cfg.serve, cfg.seed,
-                              cfg.max_tokens - len(run.out), self.vocab_hash, self.token,
-                              list(cfg.stop_ids), sizes)
-            async with contextlib.aclosing(stream) as tokens:  # closing cancels the call
-                async for tok in tokens:
+            stream = generate_chunks(self.ch, run.context, cfg.serve, cfg.seed,
+                                     cfg.max_tokens - len(run.out), self.vocab_hash, self.token,
+                                     list(cfg.stop_ids), sizes, cfg.logprobs)
+            async with contextlib.aclosing(stream) as chunks:  # closing cancels the call
+                async for tokens, logprobs in chunks:
                     run.connected = True
-                    run.stats.passes += 1
-                    run.stats.rounds += 1
-                    run.emit([tok])
+                    run.stats.passes += len(tokens)
+                    run.stats.rounds += len(tokens)
+                    if logprobs is not None:
+                        run.expect_logprobs(run.committed_end, logprobs)
+                    run.emit(tokens)
                     if run.finished:  # max_tokens or a stop: read no further
                         break
             run.finished = True

@@ -9,6 +9,7 @@ import numpy as np
 from acespec.edge.session.offline import OFFLINE_MODES
 from acespec.edge.speculation.branches import CacheConfig, CacheStats
 from acespec.shared.config import with_deprecated
+from acespec.shared.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from acespec.shared.served import ServeParams
 
 MODES = ("ar", "sd", "pipeline", "acespec")
@@ -48,6 +49,8 @@ class EngineConfig:
     # local (answer from the drafter, every token flagged unverified; acespec.edge.session.offline)
     stall_s: float | None = None  # a session silent this long while owing an answer counts
     # as down (None: the mode's default, offline.STALL_S)
+    logprobs: int | None = None  # the target's logprobs of each token, with this many
+    # alternatives (Stats.logprobs); None: none. Served where the verifier decides each token
 
     def drafter_reserve(self) -> int:
         """Drafter KV cells one request may need beyond prompt + max_tokens: each of its
@@ -71,6 +74,24 @@ class EngineConfig:
             raise ValueError(f"seed must be in [0, 2**64 - 1], got {self.seed}")
         if self.adaptive and (self.max_depth < self.depth or self.max_window < self.window):
             raise ValueError("need max_depth >= depth and max_window >= window")
+        if self.logprobs is not None:
+            self._check_logprobs()
+
+    def _check_logprobs(self) -> None:
+        """Logprobs come from the verifier with each token it decides: in ar mode, and in
+        acespec sessions it decides (greedy or coupled); never for unverified tokens."""
+        if not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs (alternatives per token) must be in "
+                             f"[0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
+        decided = self.mode == "acespec" and self.serve.sampling.decided and \
+            self.verifier_decides
+        if self.mode != "ar" and not decided:
+            raise ValueError("logprobs are served where the verifier decides every token: "
+                             "greedy (temperature 0) or coupled sampling, or ar mode; this "
+                             "session samples exactly at the edge ('sampling': 'exact')")
+        if self.offline == "local":
+            raise ValueError("logprobs come from the verifier, and offline 'local' answers "
+                             "with unverified tokens: ask with 'offline': 'wait'")
 
 
 @dataclass
@@ -106,6 +127,8 @@ class Stats:
     unverified_replaced: int = 0  # ... of which replaced by the verified text
     unverified_tail: list[int] = field(default_factory=list)  # the request ended on them:
     # the verifier never came back (reconnect deadline), so they stay unverified
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # asked for: the target's,
+    # one per committed token
 
     def note_tree(self, width: int, depth: int) -> None:
         self.tree_width, self.tree_depth = max(self.tree_width, width), max(self.tree_depth, depth)

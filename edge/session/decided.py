@@ -130,6 +130,8 @@ class DecidedDriver:
         self._observe_link(msg, size, arrived)
         stats = self.run.stats
         self.applied = msg.acked  # what the verifier held when it decided these tokens
+        if msg.logprobs is not None:
+            self.run.expect_logprobs(msg.position, msg.logprobs)
         self.take_tokens(msg.tokens)
         stats.passes = stats.rounds = self.passes_before + msg.passes
         if msg.counts is not None:

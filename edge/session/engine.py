@@ -156,7 +156,7 @@ class EdgeEngine:
         if cfg.mode == "acespec" and cfg.serve.sampling.decided and cfg.verifier_decides:
             root = await sess.open_decided(run.context, cfg.serve, cfg.seed, self.vocab_hash,
                                            cfg.max_tokens - len(run.out), sorted(cfg.stop_ids),
-                                           gap=cfg.gap)
+                                           gap=cfg.gap, logprobs=cfg.logprobs)
             if root is None and not cfg.edge_drafts:
                 return NoDraftDriver(run, sess, inbox)
             if root is None:

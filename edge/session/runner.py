@@ -13,11 +13,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from acespec.edge.client import CloudSession
+from acespec.edge.client import CloudSession, VerifierTooOld
 from acespec.edge.session.config import EngineConfig, Stats
 from acespec.edge.session.offline import LinkEvent, Offline, OnEvent, Reconciled
 from acespec.edge.speculation.adaptive import LinkEstimate, Shape
 from acespec.edge.speculation.calibration import AcceptanceModel, RecoveryModel
+from acespec.shared.logprobs import TokenLogprob
 from acespec.shared.sampling import PositionalRng
 
 # on_tokens(new tokens, running stats) -> True when the caller wants no more (a stop string)
@@ -45,6 +46,7 @@ class Runner:
         self.offline = Offline(self)
         self.stats = Stats()
         self._confirmed = 0  # unverified tokens confirmed since the span was last settled
+        self._logprobs: dict[int, TokenLogprob] = {}  # position -> the target's, until emitted
         self.t0 = time.perf_counter()
         self.finished = False
         self.connected = False  # a verifier answered at least once (resume, not fail fast)
@@ -94,6 +96,7 @@ class Runner:
                 self.finished = True
                 self.announce(settled or self.settle_all())
                 return
+            self._take_logprob()
             self.out.append(t)
             self.stats.tokens += 1
             if self.stats.first_token_s is None:
@@ -105,6 +108,22 @@ class Runner:
             self.announce(settled)
             if len(self.out) >= self.cfg.max_tokens:
                 self.finished = True
+
+    def expect_logprobs(self, position: int, entries: list[TokenLogprob]) -> None:
+        """The target's logprobs of the tokens the verifier decided at position, position+1,
+        ...: each joins Stats.logprobs as its token is committed."""
+        for i, e in enumerate(entries):
+            self._logprobs[position + i] = e
+
+    def _take_logprob(self) -> None:
+        if self.cfg.logprobs is None:
+            return
+        entry = self._logprobs.pop(self.committed_end, None)
+        if entry is None:
+            raise VerifierTooOld(f"the verifier sent no logprobs for position "
+                                 f"{self.committed_end} (it is older than this edge): "
+                                 "upgrade it, or ask without logprobs")
+        self.stats.logprobs.append(entry)
 
     def _settle(self, t: int) -> Reconciled | None:
         """Verified token t against the head of the unverified span: equal, it is

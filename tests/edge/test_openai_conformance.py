@@ -138,7 +138,6 @@ def test_off_only_fields_accept_null_and_off_and_refuse_the_rest(name):
 
 
 @pytest.mark.parametrize("name,value", [("presence_penalty", 0.5), ("frequency_penalty", -1),
-                                        ("logprobs", True), ("top_logprobs", 3),
                                         ("logit_bias", {"5": 10}), ("n", 9), ("best_of", 2),
                                         ("response_format", {"type": "json_object"}),
                                         ("tools", [{"type": "function"}]),
@@ -148,6 +147,24 @@ def test_off_only_fields_accept_null_and_off_and_refuse_the_rest(name):
                                         ("logprobs", 1)])
 def test_features_not_served_are_400_naming_them(name, value):
     assert refused(chat({"role": "user", "content": "q"}, **{name: value})).param == name
+
+
+def test_logprobs_fields_in_each_endpoints_shape():
+    def ask(chat_endpoint: bool, **fields):
+        body = chat({"role": "user", "content": "q"}, **fields) if chat_endpoint else \
+            {"model": "m", "prompt": "x", **fields}
+        return parse_request(body, chat_endpoint, render).logprobs
+    assert ask(True) is None and ask(True, logprobs=False, top_logprobs=0) is None
+    assert ask(True, logprobs=True) == 0 and ask(True, logprobs=True, top_logprobs=20) == 20
+    assert ask(False) is None and ask(False, logprobs=0) == 0 and ask(False, logprobs=5) == 5
+    for chat_endpoint, fields, param in [
+            (True, {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+            (True, {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+            (False, {"logprobs": True}, "logprobs"), (False, {"logprobs": -1}, "logprobs"),
+            (False, {"top_logprobs": 2}, "top_logprobs")]:  # not a completions field
+        with pytest.raises(ApiError) as e:
+            ask(chat_endpoint, **fields)
+        assert e.value.param == param and e.value.status == 400
 
 
 @pytest.mark.parametrize("body,chat_endpoint,param", [

@@ -1,0 +1,182 @@
+"""The target's logprobs through `acespec edge serve` started from the shell, in acespec mode
+and in ar mode, against `acespec cloud serve` serving the tiny target: compared with the
+target run alone (one full forward pass over prompt + answer), in OpenAI's chat and
+completions shapes, streamed and not, greedy and coupled; and the requests that cannot have
+them are refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("llama_cpp")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+from cli_harness import Proc, verifier, wait_http  # noqa: E402
+from conftest import free_port  # noqa: E402
+
+pytestmark = pytest.mark.slow
+TOL = 2e-4  # the verifier's batched tree passes against one plain forward, float32
+PROMPT = "def parse(text):\n"
+CHAT = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_pair, tiny_hf_dir):
+    """One verifier; `edge serve` in acespec mode and in ar mode: {mode: base url}."""
+    from acespec.models.gguf_export import export_gguf
+
+    tok_dir, model, _ = tiny_pair
+    gguf = export_gguf(model, tok_dir, tok_dir / "chat-logprobs.gguf", "q8_0",
+                       chat_template=CHAT)
+    cloud, addr = verifier("--model", str(tiny_hf_dir))
+    edges, urls = [], {}
+    try:
+        for mode in ("acespec", "ar"):
+            port = free_port()
+            edges.append(Proc("edge", "serve", "--cloud", addr, "--port", str(port),
+                              "--drafter", str(gguf), "--mode", mode))
+            edges[-1].wait_for(r"acespec edge listening")
+            urls[mode] = f"http://127.0.0.1:{port}"
+            wait_http(urls[mode] + "/health")
+        yield urls
+    finally:
+        for p in (*edges, cloud):
+            p.stop(timeout=20)
+            p.__exit__()
+
+
+@pytest.fixture(scope="module")
+def target(tiny_pair):
+    """(prompt ids, answer(n, sampling params, seed) -> (ids [n], log-softmax rows [n, V])):
+    the target alone deciding each token from one full forward pass over what precedes it,
+    by the verifier's own rule (acespec.cloud.verify.decided.decide), and its token text."""
+    from acespec.cloud.verify.decided import decide
+    from acespec.edge.text import TextCodec
+    from acespec.shared.tokenizer import Tokenizer
+
+    tok_dir, model, _ = tiny_pair
+    prompt = Tokenizer.load(tok_dir).encode(PROMPT)
+    piece = TextCodec.from_tokenizer(tok_dir / "tokenizer.json").piece_fn
+
+    def answer(n: int, params, seed: int) -> tuple[list[int], np.ndarray]:
+        ids, rows = [], []
+        for i in range(n):
+            with torch.no_grad():
+                row = model(prompt + ids, model.new_cache(), last_only=True)[0]
+            rows.append(torch.log_softmax(row.double(), -1).numpy())
+            ids.append(decide(row.numpy(), params, seed, len(prompt) + i))
+        return ids, np.stack(rows)
+    return answer, lambda t: piece(t).decode("utf-8", errors="replace")
+
+
+def post(url: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(url + path, json={"model": "acespec", **body}, timeout=60)
+
+
+def check_completion(target, lp: dict, n_top: int, params, seed: int) -> None:
+    """A completion's tokens are the target's, and so are their logprobs and the values of
+    their n_top alternatives (a completions `logprobs` names tokens by text alone)."""
+    answer, text_of = target
+    ids, rows = answer(len(lp["tokens"]), params, seed)
+    assert len(ids) >= 8
+    assert lp["tokens"] == [text_of(t) for t in ids]
+    assert lp["token_logprobs"] == pytest.approx([rows[i, t] for i, t in enumerate(ids)],
+                                                 abs=TOL)
+    for i, d in enumerate(lp["top_logprobs"]):
+        # the dict holds the alternatives and the chosen token, keyed by text (tokens that
+        # share a text, such as pieces of a character, share an entry)
+        want = [*np.sort(rows[i])[::-1][:n_top], rows[i, ids[i]]]
+        assert all(any(abs(g - w) <= TOL for w in want) for g in d.values()), i
+        assert max(d.values()) == pytest.approx(want[0], abs=TOL)
+    offsets = lp["text_offset"]
+    assert offsets[0] == 0 and offsets == sorted(offsets)
+
+
+@pytest.mark.parametrize("mode", ["acespec", "ar"])
+def test_completions_greedy_logprobs_are_the_targets(servers, target, mode):
+    from acespec.shared.served import ServeParams
+
+    r = post(servers[mode], "/v1/completions", {"prompt": PROMPT, "max_tokens": 24,
+                                               "temperature": 0, "logprobs": 5})
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == r.json()["usage"]["completion_tokens"]
+    check_completion(target, lp, 5, ServeParams(), 0)
+
+
+def test_chat_logprobs_streamed_and_not_through_the_sdk(servers):
+    client = openai.OpenAI(base_url=servers["acespec"] + "/v1", api_key="unused", timeout=60,
+                           max_retries=0)
+    ask = {"model": "acespec", "messages": [{"role": "user", "content": "a loop"}],
+           "max_tokens": 20, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    whole = client.chat.completions.create(**ask).choices[0]
+    content = whole.logprobs.content
+
+    def text(entries) -> str:
+        return b"".join(bytes(e.bytes) for e in entries).decode("utf-8", errors="replace")
+    assert text(content) == whole.message.content
+    assert all(e.token == bytes(e.bytes).decode("utf-8", errors="replace") for e in content)
+    assert all(len(e.top_logprobs) == 3 and e.top_logprobs[0].logprob >= e.logprob - 1e-6
+               and [t.logprob for t in e.top_logprobs] ==
+               sorted((t.logprob for t in e.top_logprobs), reverse=True) for e in content)
+    streamed = [e for ch in client.chat.completions.create(**ask, stream=True)
+                if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [e.bytes for e in streamed] == [e.bytes for e in content]
+    # (a pass's shape, which follows the drafts, moves the float rounding)
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=TOL)
+    # a stop string: logprobs for the tokens of the text returned, and no more
+    full = whole.message.content
+    cut = full[len(full) // 2:][:2]
+    stopped = client.chat.completions.create(**ask, stop=[cut]).choices[0]
+    assert stopped.finish_reason == "stop" and cut not in stopped.message.content
+    kept = stopped.logprobs.content
+    assert stopped.message.content.startswith(text(kept))
+    assert [e.bytes for e in kept] == [e.bytes for e in content[:len(kept)]]
+    assert len(text(content[:len(kept) + 1])) > len(stopped.message.content)
+
+
+def test_coupled_sampling_logprobs_are_the_targets_in_both_modes(servers, target):
+    from acespec.shared.config import SamplingParams
+    from acespec.shared.served import ServeParams
+
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0.8, "seed": 7, "logprobs": 2,
+            "sampling": "coupled", "ignore_eos": True}
+    got = {m: post(servers[m], "/v1/completions", body).json()["choices"][0] for m in servers}
+    assert got["acespec"]["text"] == got["ar"]["text"]
+    for m in servers:
+        check_completion(target, got[m]["logprobs"], 2,
+                         ServeParams(SamplingParams(0.8, coupled=True)), 7)
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/completions", {"logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"logprobs": True}, "logprobs"),
+    ("/v1/completions", {"logprobs": 1, "temperature": 0.8, "sampling": "exact"}, "logprobs"),
+    ("/v1/completions", {"logprobs": 1, "temperature": 0, "offline": "local"}, "logprobs"),
+])
+def test_requests_that_cannot_have_logprobs_are_refused_by_name(servers, path, body, param):
+    ask = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else \
+        {"prompt": PROMPT}
+    r = post(servers["acespec"], path, {**ask, "max_tokens": 4, **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+
+
+def test_logprobs_cost_downlink_bytes_only_when_asked(servers):
+    """The downlink's cost of logprobs, per token, with 0 and 5 alternatives."""
+    base = {"prompt": PROMPT, "max_tokens": 32, "temperature": 0, "ignore_eos": True}
+    down = {}
+    for k in (None, 0, 5):
+        u = post(servers["acespec"], "/v1/completions",
+                 {**base, **({} if k is None else {"logprobs": k})}).json()["usage"]
+        down[k] = u["wire_bytes_down"] / u["completion_tokens"]
+    print(json.dumps({"downlink_bytes_per_token": down}))
+    assert down[None] < down[0] < down[5]
