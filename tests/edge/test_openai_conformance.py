@@ -381,6 +381,17 @@ def test_continuous_usage_stats_put_usage_on_every_chunk(app):
     assert not any("usage" in e for e in plain)
 
 
+def test_a_stream_cut_by_max_tokens_sends_the_text_held_for_a_stop_string(app):
+    client, _ = app
+    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "q"}],
+            "max_tokens": 9, "stop": ["wxyz"]}  # "hello wor": "wor" could start "wxyz"
+    whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    streamed = events(client, {**body, "stream": True})
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in streamed)
+    assert whole["message"]["content"] == text == "hello wor"
+    assert streamed[-1]["choices"][0]["finish_reason"] == "length"
+
+
 def test_user_and_metadata_are_logged_once_per_request(app, caplog):
     client, _ = app
     caplog.set_level(logging.INFO, logger="acespec.edge.api.service")
