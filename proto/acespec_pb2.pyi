@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Sampling(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "send_mass", "k_max", "tail_samples", "tail_samples_set", "coupled")
+    __slots__ = ("temperature", "top_k", "top_p", "send_mass", "k_max", "tail_samples", "tail_samples_set", "coupled", "presence_penalty", "frequency_penalty", "repetition_penalty", "output_from")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,10 @@ class Sampling(_message.Message):
     TAIL_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TAIL_SAMPLES_SET_FIELD_NUMBER: _ClassVar[int]
     COUPLED_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FROM_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -24,7 +28,11 @@ class Sampling(_message.Message):
     tail_samples: int
     tail_samples_set: bool
     coupled: bool
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., send_mass: _Optional[float] = ..., k_max: _Optional[int] = ..., tail_samples: _Optional[int] = ..., tail_samples_set: _Optional[bool] = ..., coupled: _Optional[bool] = ...) -> None: ...
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    output_from: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., send_mass: _Optional[float] = ..., k_max: _Optional[int] = ..., tail_samples: _Optional[int] = ..., tail_samples_set: _Optional[bool] = ..., coupled: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., output_from: _Optional[int] = ...) -> None: ...
 
 class Limits(_message.Message):
     __slots__ = ("max_live_nodes",)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from acespec.proto import acespec_pb2 as pb
-from acespec.shared.config import ConfigError, SamplingParams
+from acespec.shared.config import ConfigError, Penalties, SamplingParams
 from acespec.shared.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from acespec.shared.served import MAX_TAIL_SAMPLES, NodeScore, ServeParams
 
@@ -31,17 +31,22 @@ class NewNodes:
 
 
 def encode_serve_params(p: ServeParams) -> pb.Sampling:
-    s = p.sampling
+    s, pen = p.sampling, p.sampling.penalties
     return pb.Sampling(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                        send_mass=p.send_mass, k_max=p.k_max, tail_samples=p.tail_samples,
-                       tail_samples_set=True, coupled=s.coupled)
+                       tail_samples_set=True, coupled=s.coupled,
+                       presence_penalty=pen.presence, frequency_penalty=pen.frequency,
+                       repetition_penalty=pen.repetition, output_from=pen.output_from)
 
 
 def decode_serve_params(msg: pb.Sampling, default: ServeParams = ServeParams()) -> ServeParams:
     """Wire sampling -> ServeParams; zeros mean 'default'. Raises WireError naming the field."""
     try:
+        penalties = Penalties(msg.presence_penalty, msg.frequency_penalty,
+                              msg.repetition_penalty or 1.0, msg.output_from)
         sampling = SamplingParams(temperature=msg.temperature, top_k=msg.top_k,
-                                  top_p=msg.top_p or 1.0, coupled=msg.coupled)
+                                  top_p=msg.top_p or 1.0, coupled=msg.coupled,
+                                  penalties=penalties)
         return ServeParams(
             sampling=sampling, k_max=msg.k_max or default.k_max,
             send_mass=msg.send_mass or default.send_mass,

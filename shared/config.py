@@ -11,6 +11,38 @@ class ConfigError(ValueError):
     """A configuration value is out of range; the message names the field."""
 
 
+MAX_ADDITIVE = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI)
+MAX_REPETITION = 10.0
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """Repetition penalties (applied by acespec.shared.penalties.penalise). presence: subtracted from the logit of every token the output holds; frequency: times
+    the number of times it holds it; repetition: a token of the prompt or the output has its
+    logit divided by this when positive, multiplied when negative (1 = off)."""
+
+    presence: float = 0.0
+    frequency: float = 0.0
+    repetition: float = 1.0
+    output_from: int = 0  # position where the output starts (the request's prompt length)
+
+    def __post_init__(self) -> None:
+        for name in ("presence", "frequency"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and -MAX_ADDITIVE <= v <= MAX_ADDITIVE):
+                raise ConfigError(f"{name}_penalty must be in [-{MAX_ADDITIVE}, "
+                                  f"{MAX_ADDITIVE}], got {v!r}")
+        if not (math.isfinite(self.repetition) and 0 < self.repetition <= MAX_REPETITION):
+            raise ConfigError(f"repetition_penalty must be in (0, {MAX_REPETITION}], got "
+                              f"{self.repetition!r}")
+        if self.output_from < 0:
+            raise ConfigError(f"output_from must be >= 0, got {self.output_from}")
+
+    @property
+    def on(self) -> bool:
+        return self.presence != 0 or self.frequency != 0 or self.repetition != 1
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How a next-token distribution is derived from logits.
@@ -22,12 +54,14 @@ class SamplingParams:
       compute alike (docs/design.md §5): each token is a function of (seed, position, p~), so the
       verifier decides, and a seed gives cloud-only decoding's text whatever the drafter.
       False ('exact'): rejection sampling at the edge.
+    penalties: applied to the logits first (acespec.shared.penalties), on both sides.
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     coupled: bool = False
+    penalties: Penalties = Penalties()
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

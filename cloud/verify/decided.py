@@ -32,13 +32,19 @@ from acespec.cloud.verify.share import Share
 from acespec.shared.coupled import coupled_target
 from acespec.shared.logprobs import TokenLogprob, token_logprob
 from acespec.shared.lookup import lookup_order
+from acespec.shared.penalties import penalise
 from acespec.shared.served import ServeParams, sample_served, served
 
 
-def decide(logits: np.ndarray, params: ServeParams, seed: int, position: int) -> int:
+def decide(logits: np.ndarray, params: ServeParams, seed: int, position: int,
+           text: Sequence[int] = ()) -> int:
     """The target's token at `position` from the logits [V] of the token before it: greedy
     argmax, coupled Gumbel-max, or (cloud-only sampled decoding) an inverse-CDF draw with the
-    uniform of RNG(seed, position). All three are functions of (seed, position, p~)."""
+    uniform of RNG(seed, position). All three are functions of (seed, position, p~). With
+    penalties, p~ is the penalised target's after `text` (every token before `position`)."""
+    penalties = params.sampling.penalties
+    if penalties.on:
+        logits = penalise(logits, text, penalties)
     dist = served(logits, params)
     if params.sampling.greedy:
         return int(dist.ids[0])
@@ -277,6 +283,10 @@ class DecidedSession:
         edge's coupled drafts are), so its proposal is taken whenever both agree."""
         return decide(logits, self.params, self.seed, position)
 
+    def _text(self, new: list[int]) -> Sequence[int]:
+        """Every token before the next decision (what penalties count), when it matters."""
+        return self.tokens + new if self.params.sampling.penalties.on else ()
+
     def pass_tokens(self) -> list[int]:
         """The planned pass's inputs [1 + n]: the last decided token, then the fed nodes."""
         return [self.tokens[-1]] + [self.nodes[i].token for i in self._in_pass]
@@ -313,7 +323,7 @@ class DecidedSession:
         hit = None  # the guessed node the walk entered last
         while True:
             row = rows[0] if at == ROOT else rows[1 + index[at]]
-            y = decide(row, self.params, self.seed, start + len(new))
+            y = decide(row, self.params, self.seed, start + len(new), self._text(new))
             new.append(y)
             if self.logprobs is not None:
                 lps.append(token_logprob(row, y, self.logprobs))

@@ -126,6 +126,10 @@ class Engine:
 
     async def open(self, prompt: Sequence[int], params: ServeParams, seed: int,
                    max_live_nodes: int = 0) -> OpenResult:
+        if params.sampling.penalties.on:
+            raise FailedPrecondition("penalties are served in sessions the verifier decides "
+                                     "(greedy or coupled with Open.decide, or Generate): "
+                                     "an edge-decided tree session has none")
         self._admit()
         self._check_prompt(prompt)
         live = min(max_live_nodes or self.limits.max_live_nodes, self.limits.max_live_nodes)
@@ -299,12 +303,15 @@ class Engine:
             cache = self.model.new_cache(len(prompt) + max_tokens)
             logits = await self.batcher.score(Request(list(prompt), cache, None, last_only=True))
             stop = set(stop)
+            text = list(prompt) if params.sampling.penalties.on else []  # what penalties count
             for i in range(max_tokens):
                 row = logits[-1].cpu().numpy()
-                token = decide(row, params, seed, len(prompt) + i)
+                token = decide(row, params, seed, len(prompt) + i, text)
                 yield token, None if logprobs is None else token_logprob(row, token, logprobs)
                 if token in stop or i + 1 == max_tokens:
                     return
+                if params.sampling.penalties.on:
+                    text.append(token)
                 logits = await self.batcher.score(Request([token], cache))
         finally:
             self.generating -= 1

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from acespec.edge.api.errors import ApiError, text
 from acespec.edge.api.messages import parse_messages
 from acespec.edge.api.params import check_fields
-from acespec.shared.config import with_deprecated
+from acespec.shared.config import MAX_ADDITIVE, MAX_REPETITION, Penalties, with_deprecated
 from acespec.shared.logprobs import MAX_TOP_LOGPROBS
 
 __all__ = ["ApiError", "CompletionRequest", "parse_request"]
@@ -42,6 +42,7 @@ class CompletionRequest:
     metadata: dict[str, str] | None = None
     parse_special: bool = False  # /v1/completions: control tokens spelled in the prompt count
     logprobs: int | None = None  # the target's logprobs, with this many alternatives per token
+    penalties: Penalties = Penalties()  # presence, frequency, repetition (both sides apply them)
 
 
 def _num(body: dict, name: str, kind, default, lo=None, hi=None):
@@ -103,7 +104,21 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
         safety_identifier=_optional_text(body, "safety_identifier"),
         metadata=_metadata(body.get("metadata")),
         parse_special=not chat and _bool(body, "parse_special", False),
-        logprobs=_logprobs(body, chat))
+        logprobs=_logprobs(body, chat), penalties=_penalties(body))
+
+
+def _penalties(body: dict) -> Penalties:
+    return Penalties(
+        presence=_num(body, "presence_penalty", float, 0.0, -MAX_ADDITIVE, MAX_ADDITIVE),
+        frequency=_num(body, "frequency_penalty", float, 0.0, -MAX_ADDITIVE, MAX_ADDITIVE),
+        repetition=_positive(body, "repetition_penalty", 1.0, MAX_REPETITION))
+
+
+def _positive(body: dict, name: str, default: float, hi: float) -> float:
+    value = _num(body, name, float, default, 0.0, hi)
+    if value == 0:
+        raise ApiError(400, f"'{name}' must be > 0 (1 = off), got 0", name)
+    return value
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:

@@ -19,25 +19,25 @@ _BOTH = frozenset({
     "sampling",  # AceSpec's: "coupled" | "exact"
     "offline",  # AceSpec's: "wait" | "local" (while the verifier cannot be reached)
     "logprobs",  # the target's (acespec.shared.logprobs): chat true|false, completions 0..20
+    "presence_penalty", "frequency_penalty", "repetition_penalty",  # acespec.shared.penalties
 })
 HONOURED = {True: _BOTH | {"messages", "top_logprobs"},
             False: _BOTH | {"prompt", "parse_special"}}
 
-# Off-only fields -> the values that mean "off" (null always does). The penalties and
-# logit_bias change the served distribution: they belong at the verifier, which does not
-# take them; echo would need the prompt's logprobs; tools, structured output, audio and
+# Off-only fields -> the values that mean "off" (null always does). logit_bias and min_p
+# would change the served distribution: they belong at the verifier, which does not take
+# them; echo would need the prompt's logprobs; tools, structured output, audio and
 # the hosted features are not served here.
 OFF: dict[str, tuple] = {
     "echo": (False,), "best_of": (1,),
-    "suffix": ("",), "logit_bias": ({},), "presence_penalty": (0,),
-    "frequency_penalty": (0,), "response_format": ({"type": "text"},),
+    "suffix": ("",), "logit_bias": ({},), "response_format": ({"type": "text"},),
     "tools": ([],), "tool_choice": ("none",), "parallel_tool_calls": (True, False),
     "functions": ([],), "function_call": ("none",), "store": (False,),
     "service_tier": ("auto", "default"), "modalities": (["text"],), "audio": (),
     "prediction": (), "reasoning_effort": (), "verbosity": (), "web_search_options": (),
     "prompt_cache_key": (),
     # vLLM's extensions, at what this server does anyway
-    "repetition_penalty": (1,), "min_p": (0,), "min_tokens": (0,), "stop_token_ids": ([],),
+    "min_p": (0,), "min_tokens": (0,), "stop_token_ids": ([],),
     "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
     "add_generation_prompt": (True,), "continue_final_message": (False,),
 }

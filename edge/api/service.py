@@ -185,17 +185,25 @@ class EdgeService:
             req.sampling == "coupled"  # 'exact': the edge decides (tree protocol)
         serve = ServeParams(SamplingParams(req.temperature, req.top_k, req.top_p, coupled),
                             send_mass=self.base.serve.send_mass, k_max=self.base.serve.k_max)
+        serve = replace(serve, sampling=replace(serve.sampling, penalties=req.penalties))
         stops = frozenset() if req.ignore_eos else self.codec.stop_ids
-        cfg = replace(self.base, serve=serve, seed=seed, max_tokens=req.max_tokens,
-                      verifier_decides=coupled, offline=req.offline or self.base.offline,
-                      stop_ids=stops, backoff_s=0.1,
-                      reconnect_deadline_s=self.reconnect_deadline_s)
-        if req.logprobs is None:
-            return cfg
         try:
-            return replace(cfg, logprobs=req.logprobs)
-        except ValueError as e:  # not served in this session's mode
-            raise ApiError(400, str(e), "logprobs") from None
+            return replace(self.base, serve=serve, seed=seed, max_tokens=req.max_tokens,
+                           verifier_decides=coupled, offline=req.offline or self.base.offline,
+                           stop_ids=stops, backoff_s=0.1, logprobs=req.logprobs,
+                           reconnect_deadline_s=self.reconnect_deadline_s)
+        except ValueError as e:  # logprobs or penalties, not served in this session's mode
+            raise ApiError(400, str(e), _unserved(req)) from None
+
+
+def _unserved(req: CompletionRequest) -> str | None:
+    """The field a refused config names: logprobs, else the first penalty asked for."""
+    if req.logprobs is not None:
+        return "logprobs"
+    p = req.penalties
+    return next((name for name, on in (("presence_penalty", p.presence != 0),
+                                       ("frequency_penalty", p.frequency != 0),
+                                       ("repetition_penalty", p.repetition != 1)) if on), None)
 
 
 async def complete(svc: EdgeService, req: CompletionRequest, prompt: list[int]) -> dict:

@@ -22,6 +22,7 @@ import numpy as np
 
 from acespec.edge.drafting.base import Draft, draw
 from acespec.shared.config import SamplingParams
+from acespec.shared.penalties import penalise
 from acespec.shared.sampling import transform
 from acespec.shared.tokenizer import ModelFileError, vocab_hash
 
@@ -306,15 +307,19 @@ class LlamaDrafter:
                      rngs: Sequence, seqs: Sequence[int]) -> list[Draft]:
         """One draft token after each context (batched; see next_logits_many)."""
         rows = self.next_logits_many(contexts, seqs)
-        return [_one_draft(row, sampling, rng) for row, rng in zip(rows, rngs)]
+        return [_one_draft(row, sampling, rng, ctx)
+                for row, rng, ctx in zip(rows, rngs, contexts)]
 
     @_locked
     def propose(self, context: Sequence[int], n: int, sampling: SamplingParams,
                 rng: np.random.Generator, seq: int = 0) -> Draft:
         """Draft n tokens after `context` in sequence `seq`; q after the sampling transform."""
         steps, logits = [], self.next_logits(context, seq)
+        text = list(context) if sampling.penalties.on else []  # what penalties count
         for i in range(n):
-            steps.append(_one_draft(logits, sampling, rng))
+            steps.append(_one_draft(logits, sampling, rng, text))
+            if sampling.penalties.on:
+                text.append(int(steps[-1].tokens[0]))
             if i + 1 < n:
                 logits = self._feed(seq, [int(steps[-1].tokens[0])])[-1]
         return Draft(tokens=np.concatenate([d.tokens for d in steps]),
@@ -407,8 +412,12 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _one_draft(logits: np.ndarray, sampling: SamplingParams, rng) -> Draft:
-    """A one-token Draft from logits [V], as `propose` draws it."""
+def _one_draft(logits: np.ndarray, sampling: SamplingParams, rng,
+               text: Sequence[int] = ()) -> Draft:
+    """A one-token Draft from logits [V] after `text` (every token before it), as `propose`
+    draws it: penalised as the verifier penalises the target's, if the request asks."""
+    if sampling.penalties.on:
+        logits = penalise(logits, text, sampling.penalties)
     q = transform(logits[None], sampling)[0]
     plain = sampling.temperature == 1.0 and not sampling.top_k and sampling.top_p == 1.0
     ranks = q if plain else _softmax(logits)

@@ -20,6 +20,11 @@ GROW_SEQS = 6  # drafter sequences a request's speculation tree may use besides 
 NODE_PASS_S = 5e-4
 
 
+VERIFIER_DECIDES = ("served where the verifier decides every token: greedy (temperature 0) "
+                    "or coupled sampling, or ar mode; this session samples exactly at the "
+                    "edge ('sampling': 'exact')")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     mode: str = "pipeline"
@@ -76,6 +81,14 @@ class EngineConfig:
             raise ValueError("need max_depth >= depth and max_window >= window")
         if self.logprobs is not None:
             self._check_logprobs()
+        if self.serve.sampling.penalties.on and not self.verifier_decides_all:
+            raise ValueError(f"penalties are {VERIFIER_DECIDES}")
+
+    @property
+    def verifier_decides_all(self) -> bool:
+        """The verifier decides every token: ar mode, or acespec greedy or coupled."""
+        return self.mode == "ar" or (self.mode == "acespec" and self.serve.sampling.decided
+                                     and self.verifier_decides)
 
     def _check_logprobs(self) -> None:
         """Logprobs come from the verifier with each token it decides: in ar mode, and in
@@ -83,12 +96,8 @@ class EngineConfig:
         if not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs (alternatives per token) must be in "
                              f"[0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
-        decided = self.mode == "acespec" and self.serve.sampling.decided and \
-            self.verifier_decides
-        if self.mode != "ar" and not decided:
-            raise ValueError("logprobs are served where the verifier decides every token: "
-                             "greedy (temperature 0) or coupled sampling, or ar mode; this "
-                             "session samples exactly at the edge ('sampling': 'exact')")
+        if not self.verifier_decides_all:
+            raise ValueError(f"logprobs are {VERIFIER_DECIDES}")
         if self.offline == "local":
             raise ValueError("logprobs come from the verifier, and offline 'local' answers "
                              "with unverified tokens: ask with 'offline': 'wait'")

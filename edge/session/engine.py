@@ -27,6 +27,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 import grpc
 
@@ -71,6 +72,8 @@ class EdgeEngine:
         grpc.aio.AioRpcError when it refuses, GrantTooSmall when its grant is too small."""
         if cfg.mode != "ar" and cfg.edge_drafts and self.drafter is None:
             raise ValueError(f"mode {cfg.mode!r} needs a drafter")
+        if cfg.serve.sampling.penalties.on:  # the output (what they count) starts here
+            cfg = _output_from(cfg, len(prompt))
         if branch_seq is None:  # as many as the drafter has, up to GROW_SEQS
             limit = getattr(getattr(self.drafter, "config", None), "n_seq_max", seq + 7)
             branch_seq = list(range(seq + 1, min(seq + 1 + GROW_SEQS, limit))) or [seq + 1]
@@ -213,6 +216,12 @@ class Watch:
             if not task.done():
                 task.cancel()
                 await asyncio.wait({task})  # let it unwind (close its session)
+
+
+def _output_from(cfg: EngineConfig, position: int) -> EngineConfig:
+    s = cfg.serve.sampling
+    sampling = replace(s, penalties=replace(s.penalties, output_from=position))
+    return replace(cfg, serve=replace(cfg.serve, sampling=sampling))
 
 
 def _reason(e: Exception) -> str:

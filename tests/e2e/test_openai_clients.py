@@ -149,9 +149,9 @@ def test_what_sdks_send_by_default_is_accepted(stack):
                              {"role": "user", "content": "hi"}])
     assert r.usage.completion_tokens <= 4
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="tiny-llama", presence_penalty=0.5,
+        client.chat.completions.create(model="tiny-llama", logit_bias={"5": 10},
                                        messages=[{"role": "user", "content": "hi"}])
-    assert e.value.body["param"] == "presence_penalty"
+    assert e.value.body["param"] == "logit_bias"
 
 
 def test_langchain_chat_model_streams_and_invokes(stack):

@@ -137,8 +137,8 @@ def test_off_only_fields_accept_null_and_off_and_refuse_the_rest(name):
     assert e.param == name and e.code == "unsupported_parameter" and "not supported" in e.message
 
 
-@pytest.mark.parametrize("name,value", [("presence_penalty", 0.5), ("frequency_penalty", -1),
-                                        ("logit_bias", {"5": 10}), ("n", 9), ("best_of", 2),
+@pytest.mark.parametrize("name,value", [("presence_penalty", 2.5), ("frequency_penalty", "1"),
+                                        ("repetition_penalty", 0), ("logit_bias", {"5": 10}), ("n", 9), ("best_of", 2),
                                         ("response_format", {"type": "json_object"}),
                                         ("tools", [{"type": "function"}]),
                                         ("tool_choice", "auto"), ("store", True),

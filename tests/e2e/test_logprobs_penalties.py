@@ -1,8 +1,9 @@
-"""The target's logprobs through `acespec edge serve` started from the shell, in acespec mode
-and in ar mode, against `acespec cloud serve` serving the tiny target: compared with the
-target run alone (one full forward pass over prompt + answer), in OpenAI's chat and
-completions shapes, streamed and not, greedy and coupled; and the requests that cannot have
-them are refused by name."""
+"""The target's logprobs and repetition penalties through `acespec edge serve` started from
+the shell, in acespec mode and in ar mode, against `acespec cloud serve` serving the tiny
+target: compared with the target run alone (one forward pass per token over what precedes
+it), logprobs in OpenAI's chat and completions shapes, streamed and not, greedy and coupled;
+penalised text equal in both modes and to the penalised target's; the drafter penalised as
+the target is; and the requests that cannot have them refused by name."""
 
 from __future__ import annotations
 
@@ -53,9 +54,10 @@ def servers(tiny_pair, tiny_hf_dir):
 
 @pytest.fixture(scope="module")
 def target(tiny_pair):
-    """(prompt ids, answer(n, sampling params, seed) -> (ids [n], log-softmax rows [n, V])):
-    the target alone deciding each token from one full forward pass over what precedes it,
-    by the verifier's own rule (acespec.cloud.verify.decided.decide), and its token text."""
+    """(answer(n, sampling params, seed) -> (ids [n], log-softmax rows [n, V]), a token's
+    text, the prompt's ids, the text of ids): the target alone deciding each token from one
+    forward pass over what precedes it, by the verifier's own rule
+    (acespec.cloud.verify.decided.decide)."""
     from acespec.cloud.verify.decided import decide
     from acespec.edge.text import TextCodec
     from acespec.shared.tokenizer import Tokenizer
@@ -70,9 +72,10 @@ def target(tiny_pair):
             with torch.no_grad():
                 row = model(prompt + ids, model.new_cache(), last_only=True)[0]
             rows.append(torch.log_softmax(row.double(), -1).numpy())
-            ids.append(decide(row.numpy(), params, seed, len(prompt) + i))
+            ids.append(decide(row.numpy(), params, seed, len(prompt) + i, prompt + ids))
         return ids, np.stack(rows)
-    return answer, lambda t: piece(t).decode("utf-8", errors="replace")
+    return answer, lambda t: piece(t).decode("utf-8", errors="replace"), prompt, \
+        lambda ids: b"".join(map(piece, ids)).decode("utf-8", errors="replace")
 
 
 def post(url: str, path: str, body: dict) -> httpx.Response:
@@ -82,7 +85,7 @@ def post(url: str, path: str, body: dict) -> httpx.Response:
 def check_completion(target, lp: dict, n_top: int, params, seed: int) -> None:
     """A completion's tokens are the target's, and so are their logprobs and the values of
     their n_top alternatives (a completions `logprobs` names tokens by text alone)."""
-    answer, text_of = target
+    answer, text_of = target[:2]
     ids, rows = answer(len(lp["tokens"]), params, seed)
     assert len(ids) >= 8
     assert lp["tokens"] == [text_of(t) for t in ids]
@@ -180,3 +183,60 @@ def test_logprobs_cost_downlink_bytes_only_when_asked(servers):
         down[k] = u["wire_bytes_down"] / u["completion_tokens"]
     print(json.dumps({"downlink_bytes_per_token": down}))
     assert down[None] < down[0] < down[5]
+
+
+PENALTIES = {"presence_penalty": 0.8, "frequency_penalty": 0.6, "repetition_penalty": 1.3}
+
+
+def serve_params(temperature: float, penalised: bool, n_prompt: int):
+    from acespec.shared.config import Penalties, SamplingParams
+    from acespec.shared.served import ServeParams
+
+    pen = Penalties(0.8, 0.6, 1.3, output_from=n_prompt) if penalised else Penalties()
+    return ServeParams(SamplingParams(temperature, coupled=temperature > 0, penalties=pen))
+
+
+@pytest.mark.parametrize("temperature,seed", [(0.0, 0), (0.8, 11)])
+def test_penalised_text_is_the_penalised_targets_in_both_modes(servers, target, temperature,
+                                                               seed):
+    body = {"prompt": PROMPT, "max_tokens": 32, "temperature": temperature, "seed": seed,
+            "ignore_eos": True, "sampling": "coupled"}
+    got = {m: post(servers[m], "/v1/completions", {**body, **PENALTIES}).json()
+           for m in servers}
+    text = got["acespec"]["choices"][0]["text"]
+    assert text == got["ar"]["choices"][0]["text"]
+    answer, _, prompt, decode = target
+    ids, _ = answer(32, serve_params(temperature, True, len(prompt)), seed)
+    assert text == decode(ids)
+    plain, _ = answer(32, serve_params(temperature, False, len(prompt)), seed)
+    assert plain != ids  # the penalties changed the text
+    usage = got["acespec"]["usage"]
+    print(json.dumps({"temperature": temperature, "drafted": usage["drafted_tokens"],
+                      "accepted": usage["accepted_tokens"]}))
+
+
+def test_the_drafter_is_penalised_as_the_target(tiny_pair, target):
+    """The f32 drafter (the target's own weights in llama.cpp) drafts the penalised target's
+    greedy text: the same penalties, from the same text."""
+    from acespec.edge.drafting.llama import LlamaDrafter
+
+    answer, _, prompt, _ = target
+    params = serve_params(0.0, True, len(prompt))
+    drafter = LlamaDrafter(tiny_pair[2]["f32"])
+    try:
+        draft = drafter.propose(prompt, 12, params.sampling, np.random.default_rng(0))
+        unpenalised = drafter.propose(prompt, 12, serve_params(0.0, False, 0).sampling,
+                                      np.random.default_rng(0), seq=1)
+    finally:
+        drafter.close()
+    ids, _ = answer(12, params, 0)
+    assert list(draft.tokens) == ids
+    assert list(unpenalised.tokens) != ids
+def test_penalties_with_exact_sampling_are_refused_by_name(servers):
+    r = post(servers["acespec"], "/v1/completions", {
+        "prompt": PROMPT, "max_tokens": 4, "temperature": 0.8, "sampling": "exact",
+        "frequency_penalty": 0.5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "frequency_penalty", r.text
+    r = post(servers["acespec"], "/v1/completions", {"prompt": PROMPT, "max_tokens": 4,
+                                                     "repetition_penalty": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "repetition_penalty", r.text
