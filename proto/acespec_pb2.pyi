@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Sampling(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "send_mass", "k_max", "tail_samples", "tail_samples_set", "coupled", "presence_penalty", "frequency_penalty", "repetition_penalty", "output_from")
+    __slots__ = ("temperature", "top_k", "top_p", "send_mass", "k_max", "tail_samples", "tail_samples_set", "coupled", "presence_penalty", "frequency_penalty", "repetition_penalty", "output_from", "grammar")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class Sampling(_message.Message):
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FROM_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -32,7 +33,8 @@ class Sampling(_message.Message):
     frequency_penalty: float
     repetition_penalty: float
     output_from: int
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., send_mass: _Optional[float] = ..., k_max: _Optional[int] = ..., tail_samples: _Optional[int] = ..., tail_samples_set: _Optional[bool] = ..., coupled: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., output_from: _Optional[int] = ...) -> None: ...
+    grammar: str
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., send_mass: _Optional[float] = ..., k_max: _Optional[int] = ..., tail_samples: _Optional[int] = ..., tail_samples_set: _Optional[bool] = ..., coupled: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., output_from: _Optional[int] = ..., grammar: _Optional[str] = ...) -> None: ...
 
 class Limits(_message.Message):
     __slots__ = ("max_live_nodes",)

@@ -13,6 +13,8 @@ from acespec.shared.config import ConfigError, Penalties, SamplingParams
 from acespec.shared.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from acespec.shared.served import MAX_TAIL_SAMPLES, NodeScore, ServeParams
 
+MAX_GRAMMAR_CHARS = 1 << 18  # a structured-output grammar (JSON schemas, tools)
+
 
 class WireError(ValueError):
     """A message is malformed; the text names the field."""
@@ -36,17 +38,22 @@ def encode_serve_params(p: ServeParams) -> pb.Sampling:
                        send_mass=p.send_mass, k_max=p.k_max, tail_samples=p.tail_samples,
                        tail_samples_set=True, coupled=s.coupled,
                        presence_penalty=pen.presence, frequency_penalty=pen.frequency,
-                       repetition_penalty=pen.repetition, output_from=pen.output_from)
+                       repetition_penalty=pen.repetition, output_from=s.output_from,
+                       grammar=s.grammar or "")
 
 
 def decode_serve_params(msg: pb.Sampling, default: ServeParams = ServeParams()) -> ServeParams:
     """Wire sampling -> ServeParams; zeros mean 'default'. Raises WireError naming the field."""
     try:
         penalties = Penalties(msg.presence_penalty, msg.frequency_penalty,
-                              msg.repetition_penalty or 1.0, msg.output_from)
+                              msg.repetition_penalty or 1.0)
+        if len(msg.grammar) > MAX_GRAMMAR_CHARS:
+            raise WireError(f"sampling: grammar is {len(msg.grammar)} characters, more than "
+                            f"{MAX_GRAMMAR_CHARS}")
         sampling = SamplingParams(temperature=msg.temperature, top_k=msg.top_k,
                                   top_p=msg.top_p or 1.0, coupled=msg.coupled,
-                                  penalties=penalties)
+                                  penalties=penalties, grammar=msg.grammar or None,
+                                  output_from=msg.output_from)
         return ServeParams(
             sampling=sampling, k_max=msg.k_max or default.k_max,
             send_mass=msg.send_mass or default.send_mass,

@@ -24,7 +24,6 @@ class Penalties:
     presence: float = 0.0
     frequency: float = 0.0
     repetition: float = 1.0
-    output_from: int = 0  # position where the output starts (the request's prompt length)
 
     def __post_init__(self) -> None:
         for name in ("presence", "frequency"):
@@ -35,8 +34,6 @@ class Penalties:
         if not (math.isfinite(self.repetition) and 0 < self.repetition <= MAX_REPETITION):
             raise ConfigError(f"repetition_penalty must be in (0, {MAX_REPETITION}], got "
                               f"{self.repetition!r}")
-        if self.output_from < 0:
-            raise ConfigError(f"output_from must be >= 0, got {self.output_from}")
 
     @property
     def on(self) -> bool:
@@ -55,6 +52,9 @@ class SamplingParams:
       verifier decides, and a seed gives cloud-only decoding's text whatever the drafter.
       False ('exact'): rejection sampling at the edge.
     penalties: applied to the logits first (acespec.shared.penalties), on both sides.
+    grammar: the tokens it forbids are cut from the logits first (acespec.shared.grammar).
+    output_from: the position where the request's output starts (what penalties and the
+      grammar count; a re-opened session's prompt holds the output committed so far).
     """
 
     temperature: float = 0.0
@@ -62,6 +62,8 @@ class SamplingParams:
     top_p: float = 1.0
     coupled: bool = False
     penalties: Penalties = Penalties()
+    grammar: str | None = None  # llguidance's grammar (JSON); None: free text
+    output_from: int = 0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -70,6 +72,13 @@ class SamplingParams:
             raise ConfigError(f"top_k must be >= 0 (0 = no limit), got {self.top_k!r}")
         if not (0 < self.top_p <= 1):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.output_from < 0:
+            raise ConfigError(f"output_from must be >= 0, got {self.output_from}")
+
+    @property
+    def shaped(self) -> bool:
+        """The logits are changed by the text so far: penalties or a grammar."""
+        return self.penalties.on or self.grammar is not None
 
     @property
     def greedy(self) -> bool:

@@ -4,9 +4,9 @@ Hugging Face's) repetition penalty do to the logits before sampling (docs/design
 Both sides apply the same function to the same text: the verifier to the target's logits
 (the served distribution is then the penalised one, so output stays lossless with respect to
 the penalised target) and the drafter to its own (so its drafts follow the same rule and are
-accepted as often as without). The state is the text so far: `output_from` is the position
-where the request's output starts, so a session re-opened with the committed output in its
-prompt still counts that output as output. Pure numpy.
+accepted as often as without). The state is the text so far; `output_from`
+(SamplingParams) is the position where the request's output starts, so a session re-opened
+with the committed output in its prompt still counts that output as output. Pure numpy.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import numpy as np
 from acespec.shared.config import Penalties
 
 
-def penalise(logits: np.ndarray, text: Sequence[int], p: Penalties) -> np.ndarray:
+def penalise(logits: np.ndarray, text: Sequence[int], p: Penalties,
+             output_from: int = 0) -> np.ndarray:
     """[V] logits -> [V] float64 penalised logits for the token after `text` (every token so
-    far: prompt, then output from p.output_from). The logits are returned as they are (as
-    float64) when no penalty is on."""
+    far: prompt, then output from position output_from). The logits are returned as they
+    are (as float64) when no penalty is on."""
     x = np.array(logits, dtype=np.float64)
     if not p.on or not len(text):
         return x
@@ -29,7 +30,7 @@ def penalise(logits: np.ndarray, text: Sequence[int], p: Penalties) -> np.ndarra
     if p.repetition != 1:
         seen = np.unique(ids)
         x[seen] = np.where(x[seen] > 0, x[seen] / p.repetition, x[seen] * p.repetition)
-    out = ids[p.output_from:]
+    out = ids[output_from:]
     if len(out) and (p.presence or p.frequency):
         tokens, counts = np.unique(out, return_counts=True)
         x[tokens] -= p.frequency * counts + p.presence

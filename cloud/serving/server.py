@@ -77,7 +77,8 @@ def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
         model.kernels = select_kernels(cfg.kernels, model.device)
     else:
         model = _load_sharded(cfg, path, topo, metrics, on_failure)
-    vocab_hash = Tokenizer.load(path).vocab_hash()
+    tokenizer = Tokenizer.load(path)
+    vocab_hash = tokenizer.vocab_hash()
     model_id = f"{path.resolve().name}:{model.args.arch}"
     if cfg.emulation.base_ms or cfg.emulation.per_node_ms:
         log.warning("TESTBED: every forward pass is padded by %.1f ms + %.2f ms/node%s "
@@ -95,7 +96,8 @@ def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
             log.warning("TESTBED: every batched gap-drafter step is padded to %.1f ms + "
                         "%.2f ms/session (--emulate-cloud-draft-ms)",
                         cfg.cloud_draft.base_ms, cfg.cloud_draft.per_seq_ms)
-    return Engine(model, vocab_hash, model_id, cfg.limits, cfg.emulation, metrics, gap)
+    return Engine(model, vocab_hash, model_id, cfg.limits, cfg.emulation, metrics, gap,
+                  (str(tokenizer.path), tokenizer.eos_id))
 
 
 def _load_sharded(cfg: ServerConfig, path: Path, topo, metrics, on_failure):

@@ -30,6 +30,7 @@ import numpy as np
 from acespec.cloud.errors import InvalidArgument, ResourceExhausted
 from acespec.cloud.verify.share import Share
 from acespec.shared.coupled import coupled_target
+from acespec.shared.grammar import Cursor
 from acespec.shared.logprobs import TokenLogprob, token_logprob
 from acespec.shared.lookup import lookup_order
 from acespec.shared.penalties import penalise
@@ -37,14 +38,17 @@ from acespec.shared.served import ServeParams, sample_served, served
 
 
 def decide(logits: np.ndarray, params: ServeParams, seed: int, position: int,
-           text: Sequence[int] = ()) -> int:
+           text: Sequence[int] = (), grammar: Cursor | None = None) -> int:
     """The target's token at `position` from the logits [V] of the token before it: greedy
     argmax, coupled Gumbel-max, or (cloud-only sampled decoding) an inverse-CDF draw with the
     uniform of RNG(seed, position). All three are functions of (seed, position, p~). With
-    penalties, p~ is the penalised target's after `text` (every token before `position`)."""
-    penalties = params.sampling.penalties
-    if penalties.on:
-        logits = penalise(logits, text, penalties)
+    penalties or a grammar, p~ is the penalised, constrained target's after `text` (every
+    token before `position`)."""
+    s = params.sampling
+    if s.penalties.on:
+        logits = penalise(logits, text, s.penalties, s.output_from)
+    if grammar is not None:
+        logits = grammar.apply(logits, text)
     dist = served(logits, params)
     if params.sampling.greedy:
         return int(dist.ids[0])
@@ -131,6 +135,7 @@ class DecidedSession:
         self.share = Share(limits.pass_nodes)  # nodes per pass it earns (cloud.verify.share)
         self.gap = None  # the gap drafter's state for this session (acespec.cloud.verify.gap), if any
         self.acked, self.acked_at = 0, 0.0  # uplink messages applied; the last one's arrival
+        self.grammar: Cursor | None = None  # the structured output's (set by the engine)
         self.logprobs: int | None = None  # asked for: alternatives per token (None: not asked)
         self.last_logprobs: list[TokenLogprob] = []  # of the tokens the last pass decided
 
@@ -284,8 +289,9 @@ class DecidedSession:
         return decide(logits, self.params, self.seed, position)
 
     def _text(self, new: list[int]) -> Sequence[int]:
-        """Every token before the next decision (what penalties count), when it matters."""
-        return self.tokens + new if self.params.sampling.penalties.on else ()
+        """Every token before the next decision (what penalties and the grammar count),
+        when it matters."""
+        return self.tokens + new if self.params.sampling.shaped else ()
 
     def pass_tokens(self) -> list[int]:
         """The planned pass's inputs [1 + n]: the last decided token, then the fed nodes."""
@@ -323,7 +329,8 @@ class DecidedSession:
         hit = None  # the guessed node the walk entered last
         while True:
             row = rows[0] if at == ROOT else rows[1 + index[at]]
-            y = decide(row, self.params, self.seed, start + len(new), self._text(new))
+            y = decide(row, self.params, self.seed, start + len(new), self._text(new),
+                       self.grammar)
             new.append(y)
             if self.logprobs is not None:
                 lps.append(token_logprob(row, y, self.logprobs))

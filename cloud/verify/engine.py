@@ -23,11 +23,12 @@ from acespec.cloud.errors import (
 from acespec.cloud.target.model import Request, Transformer
 from acespec.cloud.verify.batcher import Batcher, StepEmulation
 from acespec.cloud.verify.decided import DecidedSession, DecideLimits, decide
-from acespec.shared.logprobs import TokenLogprob, token_logprob
 from acespec.cloud.verify.gap import GapDrafter
 from acespec.cloud.verify.proposals import Depth
 from acespec.cloud.verify.session import TreeSession
 from acespec.proto import PROTOCOL_VERSION
+from acespec.shared.grammar import Cursor, GrammarError, tokenizer_from_json
+from acespec.shared.logprobs import TokenLogprob, token_logprob
 from acespec.shared.served import NodeScore, ServeParams
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class Engine:
     emulation: StepEmulation = field(default_factory=StepEmulation)
     metrics: object | None = None  # acespec.cloud.serving.metrics.Metrics
     gap: GapDrafter | None = None  # proposes in decided sessions' lone passes (cloud.gap)
+    tokenizer: tuple[str, int | None] | None = None  # (tokenizer.json, eos id): structured
+    # output's grammars need it (None: requests with a grammar are refused)
 
     def __post_init__(self) -> None:
         on_pass = self.metrics.on_pass if self.metrics else None
@@ -126,10 +129,10 @@ class Engine:
 
     async def open(self, prompt: Sequence[int], params: ServeParams, seed: int,
                    max_live_nodes: int = 0) -> OpenResult:
-        if params.sampling.penalties.on:
-            raise FailedPrecondition("penalties are served in sessions the verifier decides "
-                                     "(greedy or coupled with Open.decide, or Generate): "
-                                     "an edge-decided tree session has none")
+        if params.sampling.shaped:
+            raise FailedPrecondition("penalties and grammars are served in sessions the "
+                                     "verifier decides (greedy or coupled with Open.decide, "
+                                     "or Generate): an edge-decided tree session has none")
         self._admit()
         self._check_prompt(prompt)
         live = min(max_live_nodes or self.limits.max_live_nodes, self.limits.max_live_nodes)
@@ -166,6 +169,7 @@ class Engine:
                               vocab=vocab, propose=self.limits.propose)
         session = DecidedSession(prompt, params, seed, limits)
         session.logprobs = logprobs
+        session.grammar = self._grammar(params)
         session.cache = self.model.new_cache(len(prompt) + 64)
         if gap and self.gap and self.limits.propose:
             session.gap = self.gap.open()
@@ -303,18 +307,35 @@ class Engine:
             cache = self.model.new_cache(len(prompt) + max_tokens)
             logits = await self.batcher.score(Request(list(prompt), cache, None, last_only=True))
             stop = set(stop)
-            text = list(prompt) if params.sampling.penalties.on else []  # what penalties count
+            shaped = params.sampling.shaped
+            text = list(prompt) if shaped else []  # what penalties and the grammar count
+            grammar = self._grammar(params)
             for i in range(max_tokens):
                 row = logits[-1].cpu().numpy()
-                token = decide(row, params, seed, len(prompt) + i, text)
+                token = decide(row, params, seed, len(prompt) + i, text, grammar)
                 yield token, None if logprobs is None else token_logprob(row, token, logprobs)
                 if token in stop or i + 1 == max_tokens:
                     return
-                if params.sampling.penalties.on:
+                if shaped:
                     text.append(token)
                 logits = await self.batcher.score(Request([token], cache))
         finally:
             self.generating -= 1
+
+    def _grammar(self, params: ServeParams) -> Cursor | None:
+        """The session's grammar, following its output (None: free text); InvalidArgument
+        naming what is wrong when it cannot be used."""
+        grammar = params.sampling.grammar
+        if grammar is None:
+            return None
+        if self.tokenizer is None:
+            raise FailedPrecondition("this verifier has no tokenizer.json for structured "
+                                     "output's grammars")
+        try:
+            return Cursor(tokenizer_from_json(*self.tokenizer), grammar,
+                          params.sampling.output_from, self.model.args.vocab_size)
+        except GrammarError as e:
+            raise InvalidArgument(f"sampling.grammar: {e}") from None
 
     def _check_generate(self, prompt: Sequence[int], max_tokens: int) -> int:
         """Validate a Generate request; returns the number of tokens to generate. The

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from acespec.edge.api.logprobs import Scored, logprobs_field
 from acespec.edge.api.openai_types import CompletionRequest, choice
+from acespec.edge.api.structured import tool_calls
 from acespec.edge.session import Stats
 from acespec.edge.session.offline import LinkDown, LinkEvent, LinkUp
 from acespec.edge.shown import Append, Confirm, Op, Replace, ShownText, SpanMirror
@@ -37,6 +38,13 @@ class WithLogprobs:
 
     text: str
     logprobs: dict
+
+
+@dataclass(frozen=True)
+class ToolCalls:
+    """The answer's tool calls, in OpenAI's form (the stream's last delta)."""
+
+    calls: list
 
 
 @dataclass
@@ -75,6 +83,7 @@ class Answer:
         self.ids: list[int] = []  # the verified tokens, and the text's length after each
         self.ends: list[int] = []
         self.scored_sent = 0  # tokens whose logprobs the stream has carried
+        self.calls: list[dict] | None = None  # the answer's tool calls (edge.api.structured)
 
     def on_tokens(self, ids, stats) -> bool:
         self.mirror.verified(ids)
@@ -115,10 +124,21 @@ class Answer:
         self.scored_sent = last
         return [WithLogprobs(new, field_)]
 
+    def _tools_view(self, final: bool) -> list:
+        if not final:
+            return []
+        new = self.ready(final)
+        if self.calls:
+            return [ToolCalls(self.calls)]
+        field_ = self.logprobs(0, self.sent) if self.req.logprobs is not None else None
+        return [WithLogprobs(new, field_) if field_ else Append(new)] if new else []
+
     def view(self, final: bool = False) -> list[Op]:
         """What the reader must be told now: new verified text and, in local mode, changes
         to the unverified text after it (verified text held back for a stop string is shown
         as unverified meanwhile)."""
+        if self.req.tools is not None:  # the answer is text or a call: known at the end
+            return self._tools_view(final)
         new = self.ready(final)
         if self.req.logprobs is not None:  # (never local: the config refuses it)
             return self._scored_view(new)
@@ -170,6 +190,9 @@ class Answer:
                 self.tail = svc.codec.decode(self.stats.unverified_tail)
                 if len(out) + len(self.stats.unverified_tail) < self.req.max_tokens:
                     self.finish = "stop"  # end of sequence
+            if self.req.tools is not None:
+                self.calls = tool_calls(self.text, self.req.tools)
+                self.finish = "tool_calls" if self.calls else self.finish
             finish = self.finish
         finally:
             svc.free_seq(seq)
@@ -193,6 +216,11 @@ def stream_parts(req: CompletionRequest, index: int, ops: list, finish: str | No
     for op in ops:
         if isinstance(op, Note):
             parts.append(op)
+            continue
+        if isinstance(op, ToolCalls):
+            part = choice(req, index, "", None, True)
+            part["delta"] = {"tool_calls": [{"index": i, **c} for i, c in enumerate(op.calls)]}
+            parts.append(part)
             continue
         text = op.text if isinstance(op, (Append, WithLogprobs)) else ""
         part = choice(req, index, text, None, True)

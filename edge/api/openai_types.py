@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from acespec.edge.api.errors import ApiError, text
 from acespec.edge.api.messages import parse_messages
 from acespec.edge.api.params import check_fields
+from acespec.edge.api.structured import Tools, parse_tools, response_grammar
 from acespec.shared.config import MAX_ADDITIVE, MAX_REPETITION, Penalties, with_deprecated
 from acespec.shared.logprobs import MAX_TOP_LOGPROBS
 
@@ -43,6 +44,8 @@ class CompletionRequest:
     parse_special: bool = False  # /v1/completions: control tokens spelled in the prompt count
     logprobs: int | None = None  # the target's logprobs, with this many alternatives per token
     penalties: Penalties = Penalties()  # presence, frequency, repetition (both sides apply them)
+    grammar: str | None = None  # response_format's (edge.api.structured); None: free text
+    tools: Tools | None = None  # the tools the answer may call (chat)
 
 
 def _num(body: dict, name: str, kind, default, lo=None, hi=None):
@@ -81,8 +84,14 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required", "model")
     check_fields(body, chat)
+    grammar = response_grammar(body.get("response_format"))
+    tools = parse_tools(body.get("tools"), body.get("tool_choice")) if chat else None
+    _bool(body, "parallel_tool_calls", True)  # one call per answer either way
+    if grammar is not None and tools is not None:
+        raise ApiError(400, "'response_format' and 'tools' each constrain the answer: send "
+                       "one (or tool_choice: none)", "response_format")
     if chat:
-        prompt = render_chat(parse_messages(body.get("messages")))
+        prompt = render_chat(parse_messages(body.get("messages")), tools)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -104,7 +113,8 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
         safety_identifier=_optional_text(body, "safety_identifier"),
         metadata=_metadata(body.get("metadata")),
         parse_special=not chat and _bool(body, "parse_special", False),
-        logprobs=_logprobs(body, chat), penalties=_penalties(body))
+        logprobs=_logprobs(body, chat), penalties=_penalties(body), grammar=grammar,
+        tools=tools)
 
 
 def _penalties(body: dict) -> Penalties:

@@ -20,18 +20,18 @@ _BOTH = frozenset({
     "offline",  # AceSpec's: "wait" | "local" (while the verifier cannot be reached)
     "logprobs",  # the target's (acespec.shared.logprobs): chat true|false, completions 0..20
     "presence_penalty", "frequency_penalty", "repetition_penalty",  # acespec.shared.penalties
+    "response_format",  # structured output (edge.api.structured)
 })
-HONOURED = {True: _BOTH | {"messages", "top_logprobs"},
+HONOURED = {True: _BOTH | {"messages", "top_logprobs", "tools", "tool_choice",
+                           "parallel_tool_calls"},
             False: _BOTH | {"prompt", "parse_special"}}
 
 # Off-only fields -> the values that mean "off" (null always does). logit_bias and min_p
 # would change the served distribution: they belong at the verifier, which does not take
-# them; echo would need the prompt's logprobs; tools, structured output, audio and
-# the hosted features are not served here.
+# them; echo would need the prompt's logprobs; `functions` (the tools' deprecated form),
+# audio and the hosted features are not served here.
 OFF: dict[str, tuple] = {
-    "echo": (False,), "best_of": (1,),
-    "suffix": ("",), "logit_bias": ({},), "response_format": ({"type": "text"},),
-    "tools": ([],), "tool_choice": ("none",), "parallel_tool_calls": (True, False),
+    "echo": (False,), "best_of": (1,), "suffix": ("",), "logit_bias": ({},),
     "functions": ([],), "function_call": ("none",), "store": (False,),
     "service_tier": ("auto", "default"), "modalities": (["text"],), "audio": (),
     "prediction": (), "reasoning_effort": (), "verbosity": (), "web_search_options": (),

@@ -26,6 +26,7 @@ from acespec.edge.api.openai_types import (
     new_id,
     usage,
 )
+from acespec.edge.api.structured import Tools, tools_prompt
 from acespec.edge.session import EdgeEngine, EngineConfig
 from acespec.edge.session.config import GROW_SEQS
 from acespec.edge.text import TextCodec, chat_segments
@@ -164,8 +165,10 @@ class EdgeService:
         first = self.max_concurrent + 1 + (seq - 1) * GROW_SEQS
         return list(range(first, first + GROW_SEQS))
 
-    def render_chat(self, messages: list[dict]) -> list[tuple[str, bool]]:
-        """The chat prompt as (text, is_markup) pieces (edge.text.chat_segments)."""
+    def render_chat(self, messages: list[dict], tools: Tools | None = None
+                    ) -> list[tuple[str, bool]]:
+        """The chat prompt as (text, is_markup) pieces (edge.text.chat_segments). Tools go
+        to a template that takes `tools`, else into a system message before the rest."""
         if not self.chat_template:
             raise ApiError(400, f"model {self.model_name!r} has no chat template; use "
                            "/v1/completions", "messages")
@@ -173,9 +176,15 @@ class EdgeService:
 
         template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(
             self.chat_template)
+        extra = {}
+        if tools is not None and "tools" in self.chat_template:
+            extra["tools"] = [{"type": "function", "function": t} for t in tools.specs]
+        elif tools is not None:
+            messages = [{"role": "system", "content": tools_prompt(tools.specs)}, *messages]
         try:
             return chat_segments(lambda msgs: template.render(
-                messages=msgs, add_generation_prompt=True, bos_token="", eos_token=""), messages)
+                messages=msgs, add_generation_prompt=True, bos_token="", eos_token="",
+                **extra), messages)
         except (jinja2.TemplateError, ValueError) as e:
             raise ApiError(400, f"chat template failed: {e}", "messages") from None
 
@@ -185,7 +194,9 @@ class EdgeService:
             req.sampling == "coupled"  # 'exact': the edge decides (tree protocol)
         serve = ServeParams(SamplingParams(req.temperature, req.top_k, req.top_p, coupled),
                             send_mass=self.base.serve.send_mass, k_max=self.base.serve.k_max)
-        serve = replace(serve, sampling=replace(serve.sampling, penalties=req.penalties))
+        grammar = req.grammar if req.tools is None else req.tools.grammar
+        serve = replace(serve, sampling=replace(serve.sampling, penalties=req.penalties,
+                                                grammar=grammar))
         stops = frozenset() if req.ignore_eos else self.codec.stop_ids
         try:
             return replace(self.base, serve=serve, seed=seed, max_tokens=req.max_tokens,
@@ -197,9 +208,12 @@ class EdgeService:
 
 
 def _unserved(req: CompletionRequest) -> str | None:
-    """The field a refused config names: logprobs, else the first penalty asked for."""
+    """The field a refused config names: logprobs, the constraint, else the first penalty
+    asked for."""
     if req.logprobs is not None:
         return "logprobs"
+    if req.grammar is not None or req.tools is not None:
+        return "response_format" if req.tools is None else "tools"
     p = req.penalties
     return next((name for name, on in (("presence_penalty", p.presence != 0),
                                        ("frequency_penalty", p.frequency != 0),
@@ -221,6 +235,8 @@ async def complete(svc: EdgeService, req: CompletionRequest, prompt: list[int]) 
 
 def _final(req: CompletionRequest, c: Answer) -> dict:
     part = choice(req, c.index, c.text + c.tail, c.finish, False)
+    if c.calls:
+        part["message"] = {"role": "assistant", "content": None, "tool_calls": c.calls}
     if req.logprobs is not None:
         part["logprobs"] = c.logprobs(0, len(c.text))
     if c.extension():

@@ -14,6 +14,7 @@ import os
 import re
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ import numpy as np
 
 from acespec.edge.drafting.base import Draft, draw
 from acespec.shared.config import SamplingParams
+from acespec.shared.grammar import Cursor
 from acespec.shared.penalties import penalise
 from acespec.shared.sampling import transform
 from acespec.shared.tokenizer import ModelFileError, vocab_hash
@@ -136,6 +138,8 @@ class LlamaDrafter:
         self._batch = llama_cpp.llama_batch_init(config.n_batch, 0, 1)
         self._held: dict[int, list[int]] = {}  # seq -> tokens in its KV
         self._last: dict[int, np.ndarray] = {}  # seq -> logits [V] after its last held token
+        self._grammars: dict[int, Cursor] = {}  # seq -> the grammar its request drafts in
+        self._grammar_vocab = None  # llguidance's tokenizer of this vocabulary (made once)
         log.info("drafter %s: vocab %d, n_ctx %d, %d sequences", self.path.name,
                  self.vocab_size, config.n_ctx, config.n_seq_max)
 
@@ -228,10 +232,29 @@ class LlamaDrafter:
         self._ll.llama_memory_seq_rm(self._mem, seq, 0, -1)
         self._held.pop(seq, None)
         self._last.pop(seq, None)
+        self._grammars.pop(seq, None)
 
     @_locked
     def held(self, seq: int = 0) -> list[int]:
         return list(self._held.get(seq, []))
+
+    def _grammar(self, sampling: SamplingParams, seq: int) -> Cursor | None:
+        """The request's grammar as seen from `seq` (a cursor per sequence: the tree's
+        branches each follow their own text)."""
+        if sampling.grammar is None:
+            return None
+        cur = self._grammars.get(seq)
+        if cur is None or (cur.grammar, cur.output_from) != (sampling.grammar,
+                                                             sampling.output_from):
+            if self._grammar_vocab is None:  # (it reads self._vocab: dropped by close)
+                from llguidance.llamacpp import lltokenizer_from_vocab
+
+                with warnings.catch_warnings():  # it calls a llama.cpp name now deprecated
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    self._grammar_vocab = lltokenizer_from_vocab(self._vocab)
+            cur = self._grammars[seq] = Cursor(self._grammar_vocab, sampling.grammar,
+                                               sampling.output_from, self.vocab_size)
+        return cur
 
     # -- evaluation --------------------------------------------------------
 
@@ -307,18 +330,19 @@ class LlamaDrafter:
                      rngs: Sequence, seqs: Sequence[int]) -> list[Draft]:
         """One draft token after each context (batched; see next_logits_many)."""
         rows = self.next_logits_many(contexts, seqs)
-        return [_one_draft(row, sampling, rng, ctx)
-                for row, rng, ctx in zip(rows, rngs, contexts)]
+        return [_one_draft(row, sampling, rng, ctx, self._grammar(sampling, seq))
+                for row, rng, ctx, seq in zip(rows, rngs, contexts, seqs)]
 
     @_locked
     def propose(self, context: Sequence[int], n: int, sampling: SamplingParams,
                 rng: np.random.Generator, seq: int = 0) -> Draft:
         """Draft n tokens after `context` in sequence `seq`; q after the sampling transform."""
         steps, logits = [], self.next_logits(context, seq)
-        text = list(context) if sampling.penalties.on else []  # what penalties count
+        text = list(context) if sampling.shaped else []  # what penalties and grammars count
+        grammar = self._grammar(sampling, seq)
         for i in range(n):
-            steps.append(_one_draft(logits, sampling, rng, text))
-            if sampling.penalties.on:
+            steps.append(_one_draft(logits, sampling, rng, text, grammar))
+            if sampling.shaped:
                 text.append(int(steps[-1].tokens[0]))
             if i + 1 < n:
                 logits = self._feed(seq, [int(steps[-1].tokens[0])])[-1]
@@ -391,6 +415,7 @@ class LlamaDrafter:
 
     @_locked
     def close(self) -> None:
+        self._grammars, self._grammar_vocab = {}, None  # they read the vocabulary freed here
         if getattr(self, "_ctx", None):
             self._ll.llama_batch_free(self._batch)
             self._ll.llama_free(self._ctx)
@@ -413,11 +438,13 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def _one_draft(logits: np.ndarray, sampling: SamplingParams, rng,
-               text: Sequence[int] = ()) -> Draft:
+               text: Sequence[int] = (), grammar: Cursor | None = None) -> Draft:
     """A one-token Draft from logits [V] after `text` (every token before it), as `propose`
-    draws it: penalised as the verifier penalises the target's, if the request asks."""
+    draws it: penalised and constrained as the verifier's target is, if the request asks."""
     if sampling.penalties.on:
-        logits = penalise(logits, text, sampling.penalties)
+        logits = penalise(logits, text, sampling.penalties, sampling.output_from)
+    if grammar is not None:
+        logits = grammar.apply(logits, text)
     q = transform(logits[None], sampling)[0]
     plain = sampling.temperature == 1.0 and not sampling.top_k and sampling.top_p == 1.0
     ranks = q if plain else _softmax(logits)

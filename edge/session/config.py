@@ -83,6 +83,8 @@ class EngineConfig:
             self._check_logprobs()
         if self.serve.sampling.penalties.on and not self.verifier_decides_all:
             raise ValueError(f"penalties are {VERIFIER_DECIDES}")
+        if self.serve.sampling.grammar is not None and not self.verifier_decides_all:
+            raise ValueError(f"structured output and tools are {VERIFIER_DECIDES}")
 
     @property
     def verifier_decides_all(self) -> bool:

@@ -72,7 +72,7 @@ class EdgeEngine:
         grpc.aio.AioRpcError when it refuses, GrantTooSmall when its grant is too small."""
         if cfg.mode != "ar" and cfg.edge_drafts and self.drafter is None:
             raise ValueError(f"mode {cfg.mode!r} needs a drafter")
-        if cfg.serve.sampling.penalties.on:  # the output (what they count) starts here
+        if cfg.serve.sampling.shaped:  # where the output (what penalties, grammars count) starts
             cfg = _output_from(cfg, len(prompt))
         if branch_seq is None:  # as many as the drafter has, up to GROW_SEQS
             limit = getattr(getattr(self.drafter, "config", None), "n_seq_max", seq + 7)
@@ -219,8 +219,7 @@ class Watch:
 
 
 def _output_from(cfg: EngineConfig, position: int) -> EngineConfig:
-    s = cfg.serve.sampling
-    sampling = replace(s, penalties=replace(s.penalties, output_from=position))
+    sampling = replace(cfg.serve.sampling, output_from=position)
     return replace(cfg, serve=replace(cfg.serve, sampling=sampling))
 
 

@@ -17,39 +17,17 @@ pytest.importorskip("llama_cpp")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from cli_harness import Proc, verifier, wait_http  # noqa: E402
-from conftest import free_port  # noqa: E402
+from api_stack import api_servers  # noqa: E402
 
 pytestmark = pytest.mark.slow
-TOL = 2e-4  # the verifier's batched tree passes against one plain forward, float32
-PROMPT = "def parse(text):\n"
-CHAT = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
 @pytest.fixture(scope="module")
 def servers(tiny_pair, tiny_hf_dir):
-    """One verifier; `edge serve` in acespec mode and in ar mode: {mode: base url}."""
-    from acespec.models.gguf_export import export_gguf
+    yield from api_servers(tiny_pair, tiny_hf_dir)
 
-    tok_dir, model, _ = tiny_pair
-    gguf = export_gguf(model, tok_dir, tok_dir / "chat-logprobs.gguf", "q8_0",
-                       chat_template=CHAT)
-    cloud, addr = verifier("--model", str(tiny_hf_dir))
-    edges, urls = [], {}
-    try:
-        for mode in ("acespec", "ar"):
-            port = free_port()
-            edges.append(Proc("edge", "serve", "--cloud", addr, "--port", str(port),
-                              "--drafter", str(gguf), "--mode", mode))
-            edges[-1].wait_for(r"acespec edge listening")
-            urls[mode] = f"http://127.0.0.1:{port}"
-            wait_http(urls[mode] + "/health")
-        yield urls
-    finally:
-        for p in (*edges, cloud):
-            p.stop(timeout=20)
-            p.__exit__()
+TOL = 2e-4  # the verifier's batched tree passes against one plain forward, float32
+PROMPT = "def parse(text):\n"
 
 
 @pytest.fixture(scope="module")
@@ -192,8 +170,9 @@ def serve_params(temperature: float, penalised: bool, n_prompt: int):
     from acespec.shared.config import Penalties, SamplingParams
     from acespec.shared.served import ServeParams
 
-    pen = Penalties(0.8, 0.6, 1.3, output_from=n_prompt) if penalised else Penalties()
-    return ServeParams(SamplingParams(temperature, coupled=temperature > 0, penalties=pen))
+    pen = Penalties(0.8, 0.6, 1.3) if penalised else Penalties()
+    return ServeParams(SamplingParams(temperature, coupled=temperature > 0, penalties=pen,
+                                      output_from=n_prompt))
 
 
 @pytest.mark.parametrize("temperature,seed", [(0.0, 0), (0.8, 11)])

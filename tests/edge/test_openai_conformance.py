@@ -30,7 +30,7 @@ CHAT = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
 EOS = 256
 
 
-def render(messages: list[dict]) -> list[tuple[str, bool]]:
+def render(messages: list[dict], tools=None) -> list[tuple[str, bool]]:
     return [(json.dumps(messages), False)]
 
 
@@ -94,8 +94,13 @@ def test_other_parts_are_400_naming_type_and_index(part):
     ({"role": "user"}, "messages[0].content"),
     ({"role": "assistant", "content": None}, "messages[0].content"),
     ({"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
-     "messages[0].tool_calls"),
-    ({"role": "tool", "content": "4", "tool_call_id": "c"}, "messages[0].role"),
+     "messages[0].tool_calls[0]"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                              "function": {"name": "f",
+                                                                           "arguments": "{"}}]},
+     "messages[0].tool_calls[0].function.arguments"),
+    ({"role": "tool", "content": "4"}, "messages[0].tool_call_id"),
+    ({"role": "user", "content": "4", "tool_call_id": "c"}, "messages[0].tool_call_id"),
     ({"role": "function", "content": "4", "name": "f"}, "messages[0].role"),
     ({"role": "user", "content": "a", "name": "bob"}, "messages[0].name"),
     ({"role": "user", "content": "a", "weight": 1}, "messages[0].weight"),
@@ -103,6 +108,17 @@ def test_other_parts_are_400_naming_type_and_index(part):
 ])
 def test_bad_messages_are_400_naming_the_field(message, param):
     assert refused(chat(message)).param == param
+
+
+def test_tool_calls_and_results_reach_the_template_as_text():
+    got = rendered(chat({"role": "user", "content": "weather?"},
+                        {"role": "assistant", "content": None, "tool_calls": [
+                            {"id": "call_1", "type": "function", "function": {
+                                "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                        {"role": "tool", "tool_call_id": "call_1", "content": "12 C"}))
+    assert got[1:] == [{"role": "assistant",
+                        "content": '{"name":"get_weather","arguments":{"city":"Paris"}}'},
+                       {"role": "tool", "content": "12 C"}]
 
 
 def test_off_message_fields_are_accepted():
@@ -139,14 +155,57 @@ def test_off_only_fields_accept_null_and_off_and_refuse_the_rest(name):
 
 @pytest.mark.parametrize("name,value", [("presence_penalty", 2.5), ("frequency_penalty", "1"),
                                         ("repetition_penalty", 0), ("logit_bias", {"5": 10}), ("n", 9), ("best_of", 2),
-                                        ("response_format", {"type": "json_object"}),
-                                        ("tools", [{"type": "function"}]),
+                                        ("response_format", {"type": "yaml"}),
                                         ("tool_choice", "auto"), ("store", True),
                                         ("service_tier", "flex"), ("modalities", ["audio"]),
                                         ("reasoning_effort", "low"), ("echo", True),
                                         ("logprobs", 1)])
 def test_features_not_served_are_400_naming_them(name, value):
     assert refused(chat({"role": "user", "content": "q"}, **{name: value})).param == name
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"tools": [{"type": "function"}]}, "tools[0]"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "f",
+                                                  "parameters": {"type": "objekt"}}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [WEATHER, WEATHER]}, "tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+     "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                 "schema": {"$ref": "#/no"}}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"response_format": "json"}, "response_format"),
+])
+def test_bad_structure_requests_name_the_field(fields, param):
+    e = refused(chat({"role": "user", "content": "q"}, **fields))
+    assert e.param == param and e.status == 400, e.message
+
+
+def test_structure_requests_compile_to_grammars():
+    def ask(**fields):
+        return parse_request(chat({"role": "user", "content": "q"}, **fields), True, render)
+    assert ask().grammar is None and ask().tools is None
+    assert ask(response_format={"type": "text"}).grammar is None
+    assert "json_schema" in ask(response_format={"type": "json_object"}).grammar
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    assert '"n"' in ask(response_format={"type": "json_schema", "json_schema": {
+        "name": "n", "schema": schema, "strict": True}}).grammar
+    assert ask(tools=[WEATHER], tool_choice="none").tools is None
+    for choice in ("auto", "required", {"type": "function", "function": {"name": "get_weather"}}):
+        tools = ask(tools=[WEATHER], tool_choice=choice).tools
+        assert tools.specs[0]["name"] == "get_weather" and "get_weather" in tools.grammar
+    assert ask(tools=[WEATHER]).tools.choice == "auto"  # OpenAI's default
 
 
 def test_logprobs_fields_in_each_endpoints_shape():

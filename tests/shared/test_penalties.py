@@ -27,26 +27,27 @@ def test_repetition_matches_transformers():
     text = [3, 7, 7, 49, 0, 12]
     want = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([text]),
                                                  torch.tensor(logits[None]))[0].numpy()
-    got = penalise(logits, text, Penalties(repetition=1.3, output_from=4))
+    got = penalise(logits, text, Penalties(repetition=1.3), output_from=4)
     assert got == pytest.approx(want, abs=1e-12)  # prompt tokens count too
 
 
 def test_presence_and_frequency_count_the_output_only():
     logits = np.zeros(6)
     text = [1, 1, 2, 3, 3, 3, 4]  # prompt [1, 1, 2]; output [3, 3, 3, 4]
-    got = penalise(logits, text, Penalties(presence=0.5, frequency=0.25, output_from=3))
+    got = penalise(logits, text, Penalties(presence=0.5, frequency=0.25), 3)
     assert list(got) == [0, 0, 0, -0.5 - 3 * 0.25, -0.5 - 0.25, 0]
-    negative = penalise(logits, text, Penalties(presence=-1.0, output_from=3))
+    negative = penalise(logits, text, Penalties(presence=-1.0), 3)
     assert list(negative) == [0, 0, 0, 1, 1, 0]  # a negative penalty encourages
 
 
 @pytest.mark.parametrize("fields,name", [({"presence": 2.5}, "presence_penalty"),
                                          ({"frequency": float("nan")}, "frequency_penalty"),
-                                         ({"repetition": 0.0}, "repetition_penalty"),
-                                         ({"output_from": -1}, "output_from")])
+                                         ({"repetition": 0.0}, "repetition_penalty")])
 def test_out_of_range_is_refused_by_name(fields, name):
     with pytest.raises(ConfigError, match=name):
         Penalties(**fields)
+    with pytest.raises(ConfigError, match="output_from"):
+        SamplingParams(output_from=-1)
 
 
 def test_coupled_sampling_follows_the_penalised_target():
@@ -58,12 +59,12 @@ def test_coupled_sampling_follows_the_penalised_target():
 
     logits = np.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, 1.8, 0.2])
     text = [0, 6, 6, 1, 0, 6]
-    pen = Penalties(presence=0.4, frequency=0.3, repetition=1.2, output_from=3)
-    params = ServeParams(SamplingParams(0.8, coupled=True, penalties=pen))
+    pen = Penalties(presence=0.4, frequency=0.3, repetition=1.2)
+    params = ServeParams(SamplingParams(0.8, coupled=True, penalties=pen, output_from=3))
     n = 6000
     picks = np.bincount([decide(logits, params, seed, len(text), text) for seed in range(n)],
                         minlength=len(logits))
-    dist = served(penalise(logits, text, pen), params)
+    dist = served(penalise(logits, text, pen, 3), params)
     want = np.zeros(len(logits))
     want[dist.ids] = dist.units / dist.units.sum() * n
     assert chisquare(picks, want).pvalue > 1e-3

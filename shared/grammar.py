@@ -1,0 +1,128 @@
+"""Structured output: a grammar's token mask over the logits (docs/design.md §5).
+
+A request's grammar (JSON schema or a tool call, compiled to llguidance's grammar format by
+the edge's API) travels in `Sampling.grammar`. Both sides mask with it from the same text: the
+verifier masks the target's logits, so p~ is the constrained target's and verification stays
+exact with respect to it; the drafter masks its own, so its drafts are always in the grammar.
+The mask depends on the output so far only (from `output_from`, as the penalties count it),
+so `Cursor.mask(text)` takes the whole text and follows it with consume and rollback: a
+decided session walks forward, a speculation tree jumps between branches.
+
+llguidance is imported lazily: it is needed only by a request that asks for structure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from acespec.shared.config import ConfigError
+
+
+class GrammarError(ConfigError):
+    """A grammar or schema llguidance cannot compile; the message says why."""
+
+
+def json_grammar(schema: dict | None, options: dict | None = None) -> str:
+    """The grammar of JSON text valid against `schema` (None: any JSON object), with
+    llguidance's JSON options (e.g. {"whitespace_flexible": False}); GrammarError naming the
+    problem when llguidance cannot compile it."""
+    from llguidance import LLMatcher
+
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(
+            {"type": "object"} if schema is None else schema, defaults=options)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise GrammarError(f"the JSON schema cannot be compiled: {e}") from None
+    check_grammar(grammar)
+    return grammar
+
+
+def check_grammar(grammar: str) -> None:
+    from llguidance import LLMatcher
+
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error:
+        raise GrammarError(f"the grammar cannot be compiled: {'; '.join(messages)[:300]}")
+
+
+@lru_cache(maxsize=4)
+def tokenizer_from_json(path: str, eos_id: int | None):
+    """llguidance's tokenizer from a tokenizer.json (about a second: cached)."""
+    from llguidance import LLTokenizer
+
+    with open(path, encoding="utf-8") as f:
+        return LLTokenizer(f.read(), eos_token=eos_id)
+
+
+def tokenizer_from_pieces(pieces: Sequence[bytes], eos_id: int, bos_id: int | None,
+                          specials: Sequence[int], encode) -> object:
+    """llguidance's tokenizer from each id's bytes (specials: their names, marked) and an
+    encoder (text -> ids), for a vocabulary known only through a drafter."""
+    from llguidance import LLTokenizer, TokenizerWrapper
+
+    class Vocab:
+        tokens = list(pieces)
+        eos_token_id, bos_token_id = eos_id, bos_id
+        special_token_ids = list(specials)
+
+        def __call__(self, s):
+            return encode(s.decode("utf-8") if isinstance(s, bytes) else s)
+    return LLTokenizer(TokenizerWrapper(Vocab()))
+
+
+class Cursor:
+    """A grammar's matcher, kept at the text it was last asked about."""
+
+    def __init__(self, tokenizer, grammar: str, output_from: int, vocab: int):
+        from llguidance import LLMatcher
+
+        self.tokenizer, self.grammar = tokenizer, grammar
+        self.matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        if self.matcher.is_error():
+            raise GrammarError(f"the grammar cannot be used: {self.matcher.get_error()}")
+        self.output_from, self.vocab = output_from, vocab
+        self.consumed: list[int] = []  # output tokens the matcher holds
+
+    def mask(self, text: Sequence[int]) -> np.ndarray | None:
+        """[V] bool: the tokens the grammar allows after `text` (prompt + output); None when
+        the output so far is not in the grammar (drafts of another branch may not be)."""
+        out = list(text[self.output_from:])
+        same = _common(self.consumed, out)
+        if same < len(self.consumed):
+            self.matcher.rollback(len(self.consumed) - same)
+            del self.consumed[same:]
+        for t in out[same:]:
+            if not self.matcher.consume_token(t):
+                self.matcher = self._rebuilt()
+                return None
+            self.consumed.append(t)
+        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little")[:self.vocab].astype(bool)
+
+    def _rebuilt(self):
+        """A matcher at `consumed` again, after a token it refused (an error state sticks)."""
+        from llguidance import LLMatcher
+
+        m = LLMatcher(self.tokenizer, self.grammar, log_level=0)
+        m.consume_tokens(self.consumed)
+        return m
+
+    def apply(self, logits: np.ndarray, text: Sequence[int]) -> np.ndarray:
+        """[V] logits with what the grammar forbids after `text` at -inf (as they are when
+        the text is outside the grammar)."""
+        allowed = self.mask(text)
+        if allowed is None:
+            return logits
+        out = np.array(logits, dtype=np.float64)
+        out[~allowed[:len(out)]] = -np.inf
+        return out
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
