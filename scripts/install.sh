@@ -50,4 +50,19 @@ if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
 fi
 say "installing acespec[all] (editable; constraints: $CONSTRAINTS)"
 "${PIP[@]}" install -q "${PINS[@]}" -e '.[all]'
+# guidellm (tests/e2e/test_guidellm.py) pins an older click than ours: its own venv, which
+# sees $VENV's packages through a .pth file and adds only what guidellm needs on top.
+GL_VENV=${ACESPEC_GUIDELLM_VENV:-.venv-guidellm}
+if [ "${ACESPEC_GUIDELLM:-}" != none ] && [ ! -x "$GL_VENV/bin/guidellm" ]; then
+  say "installing guidellm into $GL_VENV (over $VENV's packages; constraints-guidellm.txt)"
+  "$PY" -m venv "$GL_VENV"
+  base=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  own=$("$GL_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$base" > "$own/acespec-venv.pth"
+  GL_PINS=()
+  [ "$CONSTRAINTS" != none ] && GL_PINS=(-c constraints-guidellm.txt)
+  "$GL_VENV/bin/python" -m pip install -q --disable-pip-version-check "${GL_PINS[@]}" \
+    guidellm==0.8.1 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  "$GL_VENV/bin/guidellm" --version >/dev/null
+fi
 say "ready: $VENV/bin/acespec"
