@@ -311,3 +311,23 @@ async def generate_chunks(ch: grpc.aio.Channel, prompt: Sequence[int], params: S
                 return
     finally:
         call.cancel()  # the caller stopped early (max_tokens, a stop): the verifier stops too
+
+
+async def prompt_logprobs(ch: grpc.aio.Channel, prompt: Sequence[int], top_n: int,
+                          vocab_hash: str = "", token: str | None = None) -> list[TokenLogprob]:
+    """The target's logprobs of prompt[1:], each given what precedes it, with top_n
+    alternatives (one Generate call that generates nothing)."""
+    stub = pb_grpc.VerifierStub(ch)
+    req = pb.GenerateRequest(protocol_version=PROTOCOL_VERSION, vocab_hash=vocab_hash,
+                             prompt_tokens=list(map(int, prompt)), max_tokens=0,
+                             prompt_logprobs=True, top_logprobs=top_n)
+    call = stub.Generate(req, metadata=metadata(token))
+    try:
+        async for chunk in call:
+            if chunk.HasField("prompt_logprobs"):
+                return decode_logprobs(chunk.prompt_logprobs, len(prompt) - 1)
+            break
+    finally:
+        call.cancel()
+    raise VerifierTooOld("the verifier sent no prompt logprobs (it is older than this "
+                         "edge): upgrade it, or ask without echo and logprobs")

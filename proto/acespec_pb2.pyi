@@ -277,7 +277,7 @@ class Downlink(_message.Message):
     def __init__(self, opened: _Optional[_Union[Opened, _Mapping]] = ..., scores: _Optional[_Union[Scores, _Mapping]] = ..., tail: _Optional[_Union[TailSamples, _Mapping]] = ..., decided: _Optional[_Union[Decided, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("protocol_version", "vocab_hash", "prompt_tokens", "sampling", "seed", "max_tokens", "stop_tokens", "logprobs", "top_logprobs")
+    __slots__ = ("protocol_version", "vocab_hash", "prompt_tokens", "sampling", "seed", "max_tokens", "stop_tokens", "logprobs", "top_logprobs", "prompt_logprobs")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     VOCAB_HASH_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -287,6 +287,7 @@ class GenerateRequest(_message.Message):
     STOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     vocab_hash: str
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -296,16 +297,19 @@ class GenerateRequest(_message.Message):
     stop_tokens: _containers.RepeatedScalarFieldContainer[int]
     logprobs: bool
     top_logprobs: int
-    def __init__(self, protocol_version: _Optional[int] = ..., vocab_hash: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    prompt_logprobs: bool
+    def __init__(self, protocol_version: _Optional[int] = ..., vocab_hash: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[bool] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("tokens", "done", "passes", "logprobs")
+    __slots__ = ("tokens", "done", "passes", "logprobs", "prompt_logprobs")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     PASSES_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     done: bool
     passes: int
     logprobs: Logprobs
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., done: _Optional[bool] = ..., passes: _Optional[int] = ..., logprobs: _Optional[_Union[Logprobs, _Mapping]] = ...) -> None: ...
+    prompt_logprobs: Logprobs
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., done: _Optional[bool] = ..., passes: _Optional[int] = ..., logprobs: _Optional[_Union[Logprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Union[Logprobs, _Mapping]] = ...) -> None: ...

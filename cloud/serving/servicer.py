@@ -394,6 +394,17 @@ class VerifierServicer(pb_grpc.VerifierServicer):
 
     # -- Generate -------------------------------------------------------------------
 
+    async def _prompt_logprobs(self, request, context) -> bool:
+        """The first chunk: the prompt's logprobs. True when that is all that was asked
+        (max_tokens 0): the call is then done."""
+        top = check_top_logprobs(True, request.top_logprobs, "GenerateRequest")
+        entries = await self.engine.prompt_logprobs(list(request.prompt_tokens), top)
+        only = request.max_tokens == 0
+        chunk = pb.GenerateChunk(done=only, passes=1)
+        chunk.prompt_logprobs.CopyFrom(encode_logprobs(entries))
+        await self._write(context, chunk)
+        return only
+
     async def Generate(self, request, context):  # noqa: N802 - gRPC name
         """Written with context.write (not yielded) so the write timeout applies and a
         client's cancel unwinds through `aclosing`: the engine stops scoring at once."""
@@ -406,6 +417,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             params = decode_serve_params(request.sampling, self.default_params)
             asked = check_top_logprobs(request.logprobs, request.top_logprobs,
                                        "GenerateRequest")
+            if request.prompt_logprobs:
+                if await self._prompt_logprobs(request, context):
+                    return
             tokens = self.engine.generate(list(request.prompt_tokens), params, request.seed,
                                           request.max_tokens, list(request.stop_tokens),
                                           asked)

@@ -322,6 +322,21 @@ class Engine:
         finally:
             self.generating -= 1
 
+    async def prompt_logprobs(self, prompt: Sequence[int], top_n: int) -> list[TokenLogprob]:
+        """The target's logprobs of prompt[1:], each given what precedes it, with top_n
+        alternatives: one prefill pass over the prompt (scoring a text). Counts as a
+        session while it runs."""
+        self._check_generate(prompt, 1)
+        self._admit()
+        self.generating += 1
+        try:
+            cache = self.model.new_cache(len(prompt))
+            rows = (await self.batcher.score(Request(list(prompt), cache, None))).cpu().numpy()
+            return [token_logprob(rows[i - 1], int(prompt[i]), top_n)
+                    for i in range(1, len(prompt))]
+        finally:
+            self.generating -= 1
+
     def _grammar(self, params: ServeParams) -> Cursor | None:
         """The session's grammar, following its output (None: free text); InvalidArgument
         naming what is wrong when it cannot be used."""

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from acespec.edge.api.logprobs import Scored, logprobs_field
+from acespec.edge.api.logprobs import Echo, Scored, logprobs_field
 from acespec.edge.api.openai_types import CompletionRequest, choice
 from acespec.edge.api.structured import tool_calls
 from acespec.edge.session import Stats
@@ -72,8 +72,10 @@ class Answer:
     """One of the n generations of a request: text with stop strings applied and, in local
     offline mode, the unverified text shown after it (acespec.edge.shown)."""
 
-    def __init__(self, svc: EdgeService, req: CompletionRequest, index: int):
-        self.svc, self.req, self.index = svc, req, index
+    def __init__(self, svc: EdgeService, req: CompletionRequest, index: int,
+                 echo: Echo | None = None):
+        self.svc, self.req, self.index, self.echo = svc, req, index, echo
+        self.shift = len(echo.text) if echo is not None else 0  # text before the answer
         self.cfg = svc.config(req, index)
         self.decoder = StreamDecoder(svc.codec)
         self.text, self.sent, self.finish = "", 0, "length"
@@ -111,7 +113,7 @@ class Answer:
         """The choice's `logprobs` field for tokens first.. whose text ends by character
         `end` of the answer (the target's, as the verifier sent them)."""
         last = bisect.bisect_right(self.ends, end, lo=first)
-        starts = [self.ends[i - 1] if i else 0 for i in range(first, last)]
+        starts = [self.shift + (self.ends[i - 1] if i else 0) for i in range(first, last)]
         return logprobs_field(self.req.chat, self.svc.codec.piece_fn, Scored(
             self.ids[first:last], self.stats.logprobs[first:last], starts))
 
@@ -173,6 +175,10 @@ class Answer:
         """Generate; on a queue, report (index, ops, finish reason) as text arrives, and
         (index, [], FAILED) instead of a finish reason if the generation fails."""
         svc, finish = self.svc, FAILED
+        if self.req.max_tokens == 0:  # echo alone: nothing to generate
+            if queue is not None:
+                queue.put_nowait((self.index, [], "length"))
+            return
         seq = await svc.acquire()
         try:
             def cb(ids, stats):

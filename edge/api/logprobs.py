@@ -23,8 +23,8 @@ class Scored:
     """Tokens of an answer with the target's logprobs and where each starts in its text."""
 
     ids: Sequence[int]  # [n] token ids
-    entries: Sequence[TokenLogprob]  # [n]
-    offsets: Sequence[int]  # [n] character offset of each token in the answer's text
+    entries: Sequence[TokenLogprob | None]  # [n] (None: an echoed prompt's first token)
+    offsets: Sequence[int]  # [n] character offset of each token in the choice's text
 
 
 def _text(piece: Piece, token: int) -> tuple[str, list[int]]:
@@ -47,9 +47,39 @@ def chat_logprobs(piece: Piece, scored: Scored) -> dict:
 
 def completion_logprobs(piece: Piece, scored: Scored) -> dict:
     texts = [_text(piece, t)[0] for t in scored.ids]
-    tops = [_top_dict(piece, text, e) for text, e in zip(texts, scored.entries)]
-    return {"tokens": texts, "token_logprobs": [e.logprob for e in scored.entries],
+    tops = [e and _top_dict(piece, text, e) for text, e in zip(texts, scored.entries)]
+    return {"tokens": texts, "token_logprobs": [e and e.logprob for e in scored.entries],
             "top_logprobs": tops, "text_offset": list(scored.offsets)}
+
+
+def joined(a: dict, b: dict) -> dict:
+    """Two completions `logprobs` of consecutive text (an echoed prompt, then the answer)."""
+    return {k: a[k] + b[k] for k in a}
+
+
+@dataclass(frozen=True)
+class Echo:
+    """An echoed prompt: its text and, when logprobs were asked, its tokens' logprobs (the
+    first token's is null: nothing precedes it)."""
+
+    text: str
+    logprobs: dict | None = None
+
+
+def echo_of(piece: Piece, text: str, ids: Sequence[int], entries: Sequence[TokenLogprob] | None,
+            bos_id: int | None) -> Echo:
+    """The Echo of a prompt `text` encoded as `ids` (BOS, if the tokenizer added it, is not
+    shown), with entries[i] the logprob of ids[i + 1] (None: not asked)."""
+    if entries is None:
+        return Echo(text)
+    start = 1 if ids and ids[0] == bos_id else 0
+    shown = list(ids[start:])
+    scored = ([None] if start == 0 else []) + list(entries)
+    offsets, at = [], 0
+    for t in shown:
+        offsets.append(at)
+        at += len(_text(piece, t)[0])
+    return Echo(text, completion_logprobs(piece, Scored(shown, scored, offsets)))
 
 
 def _top_dict(piece: Piece, text: str, e: TokenLogprob) -> dict[str, float]:

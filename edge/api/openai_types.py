@@ -46,6 +46,7 @@ class CompletionRequest:
     penalties: Penalties = Penalties()  # presence, frequency, repetition (both sides apply them)
     grammar: str | None = None  # response_format's (edge.api.structured); None: free text
     tools: Tools | None = None  # the tools the answer may call (chat)
+    echo: bool = False  # completions: the prompt comes back before the answer
 
 
 def _num(body: dict, name: str, kind, default, lo=None, hi=None):
@@ -114,7 +115,7 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
         metadata=_metadata(body.get("metadata")),
         parse_special=not chat and _bool(body, "parse_special", False),
         logprobs=_logprobs(body, chat), penalties=_penalties(body), grammar=grammar,
-        tools=tools)
+        tools=tools, echo=not chat and _bool(body, "echo", False))
 
 
 def _penalties(body: dict) -> Penalties:
@@ -152,7 +153,9 @@ def _max_tokens(body: dict, chat: bool) -> int:
         raise ApiError(400, f"'max_tokens' ({old!r:.20}) and 'max_completion_tokens' "
                        f"({new!r:.20}) differ; send one", "max_tokens")
     name = "max_completion_tokens" if new is not None else "max_tokens"
-    return _num(body, name, int, 256 if chat else 16, 1, 4096)
+    # 0 only with echo: the prompt (and its logprobs) alone, as OpenAI allowed
+    lo = 0 if not chat and body.get("echo") is True else 1
+    return _num(body, name, int, 256 if chat else 16, lo, 4096)
 
 
 def _stop(stop) -> list[str]:

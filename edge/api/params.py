@@ -24,12 +24,12 @@ _BOTH = frozenset({
 })
 HONOURED = {True: _BOTH | {"messages", "top_logprobs", "tools", "tool_choice",
                            "parallel_tool_calls"},
-            False: _BOTH | {"prompt", "parse_special"}}
+            False: _BOTH | {"prompt", "parse_special", "echo"}}
 
 # Off-only fields -> the values that mean "off" (null always does). logit_bias and min_p
 # would change the served distribution: they belong at the verifier, which does not take
-# them; echo would need the prompt's logprobs; `functions` (the tools' deprecated form),
-# audio and the hosted features are not served here.
+# them; echo is a completions field; `functions` (the tools' deprecated form), audio and
+# the hosted features are not served here.
 OFF: dict[str, tuple] = {
     "echo": (False,), "best_of": (1,), "suffix": ("",), "logit_bias": ({},),
     "functions": ([],), "function_call": ("none",), "store": (False,),

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from acespec.edge.api.answer import FAILED, Answer, LinkBoard, Note, stream_parts
+from acespec.edge.api.logprobs import Echo, echo_of, joined
 from acespec.edge.api.openai_types import (
     ApiError,
     CompletionRequest,
@@ -27,6 +28,7 @@ from acespec.edge.api.openai_types import (
     usage,
 )
 from acespec.edge.api.structured import Tools, tools_prompt
+from acespec.edge.client import prompt_logprobs
 from acespec.edge.session import EdgeEngine, EngineConfig
 from acespec.edge.session.config import GROW_SEQS
 from acespec.edge.text import TextCodec, chat_segments
@@ -199,7 +201,8 @@ class EdgeService:
                                                 grammar=grammar))
         stops = frozenset() if req.ignore_eos else self.codec.stop_ids
         try:
-            return replace(self.base, serve=serve, seed=seed, max_tokens=req.max_tokens,
+            return replace(self.base, serve=serve, seed=seed,
+                           max_tokens=max(1, req.max_tokens),  # 0 (echo): never generated
                            verifier_decides=coupled, offline=req.offline or self.base.offline,
                            stop_ids=stops, backoff_s=0.1, logprobs=req.logprobs,
                            reconnect_deadline_s=self.reconnect_deadline_s)
@@ -220,8 +223,19 @@ def _unserved(req: CompletionRequest) -> str | None:
                                        ("repetition_penalty", p.repetition != 1)) if on), None)
 
 
+async def echo(svc: EdgeService, req: CompletionRequest, prompt: list[int]) -> Echo | None:
+    """What `echo` puts before each answer: the prompt and, with logprobs, its tokens'
+    (the verifier scores the prompt in one pass)."""
+    if not req.echo:
+        return None
+    entries = None if req.logprobs is None else await prompt_logprobs(
+        svc.channel, prompt, req.logprobs, svc.codec.vocab_hash, svc.token)
+    return echo_of(svc.codec.piece_fn, req.prompt, prompt, entries, svc.codec.bos_id)
+
+
 async def complete(svc: EdgeService, req: CompletionRequest, prompt: list[int]) -> dict:
-    choices = [Answer(svc, req, i) for i in range(req.n)]
+    echoed = await echo(svc, req, prompt)
+    choices = [Answer(svc, req, i, echoed) for i in range(req.n)]
     tasks = [asyncio.create_task(c.run(prompt, None)) for c in choices]
     try:
         await asyncio.gather(*tasks)
@@ -234,11 +248,14 @@ async def complete(svc: EdgeService, req: CompletionRequest, prompt: list[int]) 
 
 
 def _final(req: CompletionRequest, c: Answer) -> dict:
-    part = choice(req, c.index, c.text + c.tail, c.finish, False)
+    before = c.echo.text if c.echo is not None else ""
+    part = choice(req, c.index, before + c.text + c.tail, c.finish, False)
     if c.calls:
         part["message"] = {"role": "assistant", "content": None, "tool_calls": c.calls}
     if req.logprobs is not None:
         part["logprobs"] = c.logprobs(0, len(c.text))
+        if c.echo is not None:
+            part["logprobs"] = joined(c.echo.logprobs, part["logprobs"])
     if c.extension():
         part["acespec"] = c.extension()
     return part
@@ -250,7 +267,8 @@ async def stream(svc: EdgeService, req: CompletionRequest, prompt: list[int]):
     With continuous_usage every chunk carries the usage so far (vLLM's continuous_usage_stats);
     with include_usage a last chunk, with no choices, carries the request's."""
     rid, queue = new_id(req.chat), asyncio.Queue()
-    choices = [Answer(svc, req, i) for i in range(req.n)]
+    echoed = await echo(svc, req, prompt)
+    choices = [Answer(svc, req, i, echoed) for i in range(req.n)]
     tasks = [asyncio.create_task(c.run(prompt, queue)) for c in choices]
 
     def chunk(parts: list[dict]) -> str:
@@ -261,6 +279,9 @@ async def stream(svc: EdgeService, req: CompletionRequest, prompt: list[int]):
         if req.chat:
             yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
                           "finish_reason": None} for i in range(req.n)])
+        if echoed is not None:
+            yield chunk([{**choice(req, i, echoed.text, None, True),
+                          "logprobs": echoed.logprobs} for i in range(req.n)])
         done = 0
         while done < req.n:
             item = await next_or_stop(queue, svc.stopping, KEEPALIVE_S)

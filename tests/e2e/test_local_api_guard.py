@@ -113,7 +113,7 @@ def test_lone_surrogate_and_bad_utf8_are_400_naming_the_field(stack):
     assert "UTF-8" in err["message"]
 
 
-@pytest.mark.parametrize("name,value", [("echo", True), ("best_of", 3),
+@pytest.mark.parametrize("name,value", [("best_of", 3),
                                         ("suffix", "x"), ("logit_bias", {"5": 10}),
                                         ("min_p", 0.1)])
 def test_unsupported_openai_parameters_are_400(stack, name, value):

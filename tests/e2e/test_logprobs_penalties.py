@@ -219,3 +219,56 @@ def test_penalties_with_exact_sampling_are_refused_by_name(servers):
     r = post(servers["acespec"], "/v1/completions", {"prompt": PROMPT, "max_tokens": 4,
                                                      "repetition_penalty": 0})
     assert r.status_code == 400 and r.json()["error"]["param"] == "repetition_penalty", r.text
+
+
+@pytest.mark.parametrize("mode", ["acespec", "ar"])
+def test_echo_scores_the_prompt_as_the_target_does(servers, tiny_pair, mode):
+    """echo with logprobs and max_tokens 0 (how evaluation harnesses score a text): the
+    prompt's tokens with the target's logprobs, each given what precedes it; with max_tokens
+    8 the answer follows, its offsets after the prompt's."""
+    from acespec.shared.tokenizer import Tokenizer
+
+    tok_dir, model, _ = tiny_pair
+    ids = Tokenizer.load(tok_dir).encode(PROMPT)
+    with torch.no_grad():
+        rows = torch.log_softmax(model(ids, model.new_cache()).double(), -1).numpy()
+    want = [rows[i - 1, ids[i]] for i in range(1, len(ids))]  # ids[0] is BOS: not shown
+    only = post(servers[mode], "/v1/completions", {"prompt": PROMPT, "max_tokens": 0,
+                                                   "echo": True, "logprobs": 3}).json()
+    c = only["choices"][0]
+    assert c["text"] == PROMPT and only["usage"]["completion_tokens"] == 0
+    lp = c["logprobs"]
+    assert "".join(lp["tokens"]) == PROMPT
+    assert lp["token_logprobs"] == pytest.approx(want, abs=TOL)
+    assert all(max(d.values()) >= x - 1e-6 for d, x in zip(lp["top_logprobs"], want))
+    both = post(servers[mode], "/v1/completions", {"prompt": PROMPT, "max_tokens": 8,
+                                                   "echo": True, "logprobs": 1,
+                                                   "temperature": 0}).json()["choices"][0]
+    plain = post(servers[mode], "/v1/completions", {"prompt": PROMPT, "max_tokens": 8,
+                                                    "temperature": 0}).json()["choices"][0]
+    assert both["text"] == PROMPT + plain["text"]
+    n = len(lp["tokens"])
+    assert both["logprobs"]["token_logprobs"][:n] == pytest.approx(want, abs=TOL)
+    assert len(both["logprobs"]["tokens"]) == n + 8
+    assert both["logprobs"]["text_offset"][n] == len(PROMPT)
+    text = post(servers[mode], "/v1/completions", {"prompt": PROMPT, "max_tokens": 4,
+                                                   "echo": True}).json()["choices"][0]
+    assert text["text"].startswith(PROMPT) and text["logprobs"] is None
+
+
+def test_echo_streams_the_prompt_first(servers):
+    with httpx.stream("POST", servers["acespec"] + "/v1/completions", timeout=60, json={
+            "model": "acespec", "prompt": PROMPT, "max_tokens": 6, "echo": True,
+            "logprobs": 0, "stream": True, "temperature": 0}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    first = events[0]["choices"][0]
+    assert first["text"] == PROMPT and first["logprobs"]["text_offset"][0] == 0
+    later = [e["choices"][0]["logprobs"]["text_offset"] for e in events[1:]
+             if e["choices"][0].get("logprobs")]
+    assert later and all(o >= len(PROMPT) for offs in later for o in offs)
+
+
+def test_max_tokens_zero_needs_echo(servers):
+    r = post(servers["acespec"], "/v1/completions", {"prompt": PROMPT, "max_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
