@@ -129,14 +129,12 @@ class Engine:
 
     async def open(self, prompt: Sequence[int], params: ServeParams, seed: int,
                    max_live_nodes: int = 0) -> OpenResult:
-        if params.sampling.shaped:
-            raise FailedPrecondition("penalties and grammars are served in sessions the "
-                                     "verifier decides (greedy or coupled with Open.decide, "
-                                     "or Generate): an edge-decided tree session has none")
+        grammar = self._grammar(params)
         self._admit()
         self._check_prompt(prompt)
         live = min(max_live_nodes or self.limits.max_live_nodes, self.limits.max_live_nodes)
         session = TreeSession(self.model, params, seed, live, self.limits.max_tail_per_node)
+        session.grammar = grammar
         req = session.plan_open(prompt)
         session_id = self._register(session)
         try:

@@ -17,6 +17,8 @@ import torch
 from acespec.cloud.errors import InvalidArgument, NotFound, OutOfRange, ResourceExhausted
 from acespec.cloud.target.model import Request, Transformer
 from acespec.cloud.verify.share import Share
+from acespec.shared.grammar import Cursor
+from acespec.shared.penalties import penalise
 from acespec.shared.served import (
     NodeScore,
     ServedDist,
@@ -52,6 +54,9 @@ class TreeSession:
         self.next_id = 0
         self.pending = 0  # nodes planned for the next forward pass, not yet in the cache
         self.share = Share(max_live_nodes)  # nodes per pass it earns (acespec.cloud.verify.share)
+        self.grammar: Cursor | None = None  # the structured output's (set by the engine)
+        self.text: list[int] = []  # penalties or a grammar: the prompt and committed tokens,
+        # the root's included (what a node's text starts with)
 
     @property
     def live_nodes(self) -> int:
@@ -65,6 +70,8 @@ class TreeSession:
         n = len(prompt)
         self.nodes[0] = Node(token=int(prompt[-1]), parent=-1, slot=n - 1, position=n - 1)
         self.next_id = 1
+        if self.params.sampling.shaped:
+            self.text = list(map(int, prompt))
         return Request(list(map(int, prompt)), self.cache, None, last_only=True)
 
     def finish_open(self, logits: torch.Tensor) -> NodeScore:
@@ -130,6 +137,8 @@ class TreeSession:
         if self.nodes[node_id].dist is None:
             raise InvalidArgument(f"Commit: node {node_id} has not been scored")
         self.share.accept(self.nodes[node_id].position - self.nodes[self.root].position)
+        if self.params.sampling.shaped:
+            self.text += self._path(node_id)
         keep = {node_id}
         for nid in sorted(self.nodes):
             if nid > node_id and self.nodes[nid].parent in keep:
@@ -161,8 +170,29 @@ class TreeSession:
 
     # -- helpers ---------------------------------------------------------------
 
+    def _path(self, node_id: int) -> list[int]:
+        """Tokens of the nodes from below the root down to node_id."""
+        path = []
+        while node_id != self.root:
+            node = self.nodes[node_id]
+            path.append(node.token)
+            node_id = node.parent
+        return path[::-1]
+
+    def _shaped(self, node_id: int, logits: np.ndarray) -> np.ndarray:
+        """Penalties and the grammar applied to a node's logits [V], from its text."""
+        s = self.params.sampling
+        text = self.text + self._path(node_id)
+        if s.penalties.on:
+            logits = penalise(logits, text, s.penalties, s.output_from)
+        if self.grammar is not None:
+            logits = self.grammar.apply(logits, text)
+        return logits
+
     def _score(self, node_id: int, logits: np.ndarray, self_units: int) -> NodeScore:
         node = self.nodes[node_id]
+        if self.params.sampling.shaped:
+            logits = self._shaped(node_id, logits)
         node.dist = served(logits, self.params)
         node.tails_issued = self.params.tail_samples
         return node_score(node.dist, self.params, node_id, self_units, self.seed,
@@ -170,9 +200,11 @@ class TreeSession:
 
     def _encoder(self) -> bool:
         """The fused Triton encoder serves exact sampled sessions when the model runs Triton
-        (greedy and coupled sessions send one decided id per node), at temperatures a
+        (greedy and coupled sessions send one decided id per node) and nothing shapes the
+        logits from the text (penalties, a grammar), at temperatures a
         float32 kernel argument holds (below FP32_TINY the numpy path serves them)."""
         return (self.model.kernels == "triton" and not self.params.sampling.decided
+                and not self.params.sampling.shaped
                 and self.params.sampling.temperature >= FP32_TINY)
 
     def _score_encoded(self, first_id: int, logits: torch.Tensor) -> list[NodeScore]:

@@ -206,21 +206,8 @@ class EdgeService:
                            verifier_decides=coupled, offline=req.offline or self.base.offline,
                            stop_ids=stops, backoff_s=0.1, logprobs=req.logprobs,
                            reconnect_deadline_s=self.reconnect_deadline_s)
-        except ValueError as e:  # logprobs or penalties, not served in this session's mode
-            raise ApiError(400, str(e), _unserved(req)) from None
-
-
-def _unserved(req: CompletionRequest) -> str | None:
-    """The field a refused config names: logprobs, the constraint, else the first penalty
-    asked for."""
-    if req.logprobs is not None:
-        return "logprobs"
-    if req.grammar is not None or req.tools is not None:
-        return "response_format" if req.tools is None else "tools"
-    p = req.penalties
-    return next((name for name, on in (("presence_penalty", p.presence != 0),
-                                       ("frequency_penalty", p.frequency != 0),
-                                       ("repetition_penalty", p.repetition != 1)) if on), None)
+        except ValueError as e:  # logprobs, not served in this session's mode
+            raise ApiError(400, str(e), "logprobs") from None
 
 
 async def echo(svc: EdgeService, req: CompletionRequest, prompt: list[int]) -> Echo | None:

@@ -20,11 +20,6 @@ GROW_SEQS = 6  # drafter sequences a request's speculation tree may use besides 
 NODE_PASS_S = 5e-4
 
 
-VERIFIER_DECIDES = ("served where the verifier decides every token: greedy (temperature 0) "
-                    "or coupled sampling, or ar mode; this session samples exactly at the "
-                    "edge ('sampling': 'exact')")
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     mode: str = "pipeline"
@@ -81,10 +76,6 @@ class EngineConfig:
             raise ValueError("need max_depth >= depth and max_window >= window")
         if self.logprobs is not None:
             self._check_logprobs()
-        if self.serve.sampling.penalties.on and not self.verifier_decides_all:
-            raise ValueError(f"penalties are {VERIFIER_DECIDES}")
-        if self.serve.sampling.grammar is not None and not self.verifier_decides_all:
-            raise ValueError(f"structured output and tools are {VERIFIER_DECIDES}")
 
     @property
     def verifier_decides_all(self) -> bool:
@@ -99,7 +90,9 @@ class EngineConfig:
             raise ValueError(f"logprobs (alternatives per token) must be in "
                              f"[0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
         if not self.verifier_decides_all:
-            raise ValueError(f"logprobs are {VERIFIER_DECIDES}")
+            raise ValueError("logprobs are served where the verifier decides every token: "
+                             "greedy (temperature 0) or coupled sampling, or ar mode; this "
+                             "session samples exactly at the edge ('sampling': 'exact')")
         if self.offline == "local":
             raise ValueError("logprobs come from the verifier, and offline 'local' answers "
                              "with unverified tokens: ask with 'offline': 'wait'")
