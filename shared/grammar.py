@@ -92,8 +92,13 @@ class Cursor:
         out = list(text[self.output_from:])
         same = _common(self.consumed, out)
         if same < len(self.consumed):
-            self.matcher.rollback(len(self.consumed) - same)
+            stopped = self.matcher.is_stopped()  # (past the end of text: llguidance's
+            # rollback does not restore the state before it, so the matcher is rebuilt)
+            if not stopped:
+                self.matcher.rollback(len(self.consumed) - same)
             del self.consumed[same:]
+            if stopped:
+                self.matcher = self._rebuilt()
         for t in out[same:]:
             if not self.matcher.consume_token(t):
                 self.matcher = self._rebuilt()

@@ -111,9 +111,9 @@ def test_the_answer_is_the_constrained_target_decoded_alone(servers, tiny_pair):
 def test_exact_sampling_answers_in_the_schema(servers):
     """sampling "exact": the edge decides by rejection sampling, from the verifier's masked
     p~ and the drafter's masked q; every answer validates."""
-    for seed in range(6):
+    for seed in range(12):
         c = post(servers["acespec"], "/v1/completions", {
-            "prompt": prompts(6)[seed], "max_tokens": 96, "temperature": 1.0, "seed": seed,
+            "prompt": prompts(12)[seed], "max_tokens": 96, "temperature": 1.0, "seed": seed,
             "sampling": "exact", "response_format": FORMAT})["choices"][0]
         assert c["finish_reason"] == "stop", c
         jsonschema.validate(json.loads(c["text"]), SCHEMA)
