@@ -127,7 +127,10 @@ class Cursor:
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
+    """Length of the common prefix of two token lists (asked per scored node: the whole
+    output is compared, so the comparison runs in numpy, not a Python loop)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case: one text extends the other
+        return n
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0])

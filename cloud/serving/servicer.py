@@ -256,7 +256,6 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         try:
             while not session.done:
                 if self._apply_uplink(session, inbox):  # the edge has what it needs
-                    session.last_logprobs = []
                     await self._write(context, pb.Downlink(decided=self._decided(
                         session, session.end, [], last=True)))
                     return
@@ -287,8 +286,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         """What a pass decided, with the target's logprobs where the session asked; the
         session's last message (done, or `last`) carries the verifier's account of it."""
         msg = pb.Decided(position=start, tokens=tokens, passes=session.counts.passes)
-        if session.logprobs is not None:
-            msg.logprobs.CopyFrom(encode_logprobs(session.last_logprobs))
+        if session.logprobs is not None:  # (those of the last pass, when it sends its tokens)
+            msg.logprobs.CopyFrom(encode_logprobs(session.last_logprobs if tokens else []))
         if session.done or last:
             msg.done = True
             msg.counts.CopyFrom(encode_counts(session.counts, time.perf_counter()))

@@ -33,8 +33,8 @@ from acespec.shared.coupled import coupled_target
 from acespec.shared.grammar import Cursor
 from acespec.shared.logprobs import TokenLogprob, token_logprob
 from acespec.shared.lookup import lookup_order
-from acespec.shared.penalties import penalise
 from acespec.shared.served import ServeParams, sample_served, served
+from acespec.shared.shaping import shape
 
 
 def decide(logits: np.ndarray, params: ServeParams, seed: int, position: int,
@@ -44,12 +44,7 @@ def decide(logits: np.ndarray, params: ServeParams, seed: int, position: int,
     uniform of RNG(seed, position). All three are functions of (seed, position, p~). With
     penalties or a grammar, p~ is the penalised, constrained target's after `text` (every
     token before `position`)."""
-    s = params.sampling
-    if s.penalties.on:
-        logits = penalise(logits, text, s.penalties, s.output_from)
-    if grammar is not None:
-        logits = grammar.apply(logits, text)
-    dist = served(logits, params)
+    dist = served(shape(logits, text, params.sampling, grammar), params)
     if params.sampling.greedy:
         return int(dist.ids[0])
     if params.sampling.coupled:

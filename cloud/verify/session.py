@@ -18,7 +18,6 @@ from acespec.cloud.errors import InvalidArgument, NotFound, OutOfRange, Resource
 from acespec.cloud.target.model import Request, Transformer
 from acespec.cloud.verify.share import Share
 from acespec.shared.grammar import Cursor
-from acespec.shared.penalties import penalise
 from acespec.shared.served import (
     NodeScore,
     ServedDist,
@@ -28,6 +27,7 @@ from acespec.shared.served import (
     served,
     tail_draws,
 )
+from acespec.shared.shaping import shape
 
 
 @dataclass
@@ -179,20 +179,11 @@ class TreeSession:
             node_id = node.parent
         return path[::-1]
 
-    def _shaped(self, node_id: int, logits: np.ndarray) -> np.ndarray:
-        """Penalties and the grammar applied to a node's logits [V], from its text."""
-        s = self.params.sampling
-        text = self.text + self._path(node_id)
-        if s.penalties.on:
-            logits = penalise(logits, text, s.penalties, s.output_from)
-        if self.grammar is not None:
-            logits = self.grammar.apply(logits, text)
-        return logits
-
     def _score(self, node_id: int, logits: np.ndarray, self_units: int) -> NodeScore:
         node = self.nodes[node_id]
-        if self.params.sampling.shaped:
-            logits = self._shaped(node_id, logits)
+        if self.params.sampling.shaped:  # from the node's text
+            logits = shape(logits, self.text + self._path(node_id), self.params.sampling,
+                           self.grammar)
         node.dist = served(logits, self.params)
         node.tails_issued = self.params.tail_samples
         return node_score(node.dist, self.params, node_id, self_units, self.seed,

@@ -24,8 +24,8 @@ import numpy as np
 from acespec.edge.drafting.base import Draft, draw
 from acespec.shared.config import SamplingParams
 from acespec.shared.grammar import Cursor
-from acespec.shared.penalties import penalise
 from acespec.shared.sampling import transform
+from acespec.shared.shaping import shape
 from acespec.shared.tokenizer import ModelFileError, vocab_hash
 
 log = logging.getLogger(__name__)
@@ -441,10 +441,7 @@ def _one_draft(logits: np.ndarray, sampling: SamplingParams, rng,
                text: Sequence[int] = (), grammar: Cursor | None = None) -> Draft:
     """A one-token Draft from logits [V] after `text` (every token before it), as `propose`
     draws it: penalised and constrained as the verifier's target is, if the request asks."""
-    if sampling.penalties.on:
-        logits = penalise(logits, text, sampling.penalties, sampling.output_from)
-    if grammar is not None:
-        logits = grammar.apply(logits, text)
+    logits = shape(logits, text, sampling, grammar)
     q = transform(logits[None], sampling)[0]
     plain = sampling.temperature == 1.0 and not sampling.top_k and sampling.top_p == 1.0
     ranks = q if plain else _softmax(logits)
