@@ -111,13 +111,14 @@ def add_bench_parser(sub) -> None:
                    "(acespec with one drafted chain instead of the speculation tree), "
                    "acespec-local (acespec answering from the drafter, unverified, while the "
                    "verifier is unreachable: edge --offline local), "
-                   "acespec-gap (the tree, and the verifier's gap drafter proposing in the "
-                   "passes no edge draft covers; the verifier then gets --gap-drafter, which "
+                   "acespec-gap (hybrid: the tree, and the verifier's gap drafter proposing in "
+                   "the passes no edge draft covers while the device has room for its steps; "
+                   "the verifier then gets --gap-drafter, which "
                    "the other modes' sessions turn off), and the rivals that speculate at "
                    "the verifier while the edge drafts nothing: colo (co-located: the "
                    "verifier's gap drafter, the edge's own drafter file, beside the target) "
                    "and cloud-lookup (prompt lookup at the verifier only) (default: "
-                   "ar,sd,pipeline,acespec; load: ar,acespec,colo,cloud-lookup)")
+                   "ar,sd,pipeline,acespec; load: ar,acespec,acespec-gap,colo,cloud-lookup)")
     b.add_argument("--emulate-cloud-draft-ms", default=CLOUD_DRAFT_MS, metavar="T0[,PER_SEQ]",
                    help="TESTBED step of the verifier's gap drafter (acespec-gap, colo): each "
                    "batched draft step takes at least T0 ms + PER_SEQ ms per session, on the "
@@ -193,7 +194,7 @@ def run_bench_cli(args) -> int:
     if args.emulate_step_ms is None:
         args.emulate_step_ms = "25,0.1,256" if args.what == "load" else "40,0.5"
     if args.modes is None:
-        args.modes = ("ar,acespec,colo,cloud-lookup" if args.what == "load" else
+        args.modes = ("ar,acespec,acespec-gap,colo,cloud-lookup" if args.what == "load" else
                       "ar,sd,pipeline,acespec")
     if args.what == "hostile":
         return _hostile(args)
@@ -335,6 +336,11 @@ def _load(args) -> int:
     print(f"\ngoodput (clients whose p10 makes {slo['per_client_tok_s']} tok/s with TTFT p90 "
           f"<= {slo['ttft_p90_s']} s): " +
           ", ".join(f"{m} {n}" for m, n in result["goodput"].items()))
+    good = result["goodput"]
+    if good.get("colo"):
+        best = max((n for m, n in good.items() if m.startswith("acespec")), default=0)
+        print(f"acespec / colo goodput: {best / good['colo']:.2f}x; the capacity bound, "
+              f"1 + gamma t_d / t_v: {result['capacity_bound']}x")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     if args.plot:

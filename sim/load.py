@@ -10,8 +10,10 @@ the users saw (per-client tokens/s p50 and p10, TTFT p50 and p90), what the serv
 (aggregate tokens/s, busy fraction, busy seconds and scored nodes per token), and at the end
 the goodput: the most clients whose p10 client still meets the SLO.
 
-Modes are the bench's: `ar` (cloud only), `acespec`, and the rivals that speculate at the
-verifier (`colo`, `cloud-lookup`; docs/design.md §3).
+Modes are the bench's: `ar` (cloud only), `acespec`, `acespec-gap` (acespec with the
+verifier's gap drafter: hybrid drafting, the verifier's own drafts where the edge's do not
+reach while the device has room for them), and the rivals that speculate at the verifier
+(`colo`, `cloud-lookup`; docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 
 from acespec.sim.stages import LinkSpec
 
-LOAD_MODES = ("ar", "acespec", "colo", "cloud-lookup")
+LOAD_MODES = ("ar", "acespec", "acespec-gap", "colo", "cloud-lookup")
 GPU_LIKE = "25,0.1,256"  # flat 25 ms up to 256 nodes a pass, then 0.1 ms per node
 SLO_SPEEDUP = 1.3  # per-client tokens/s >= this x ar's one-client rate, measured in the run
 SLO_TTFT_S = 2.0  # ... and TTFT p90 at most this
@@ -109,6 +111,19 @@ def goodput(runs: list[dict], rate: float, ttft_s: float) -> dict[str, int]:
     return out
 
 
+def capacity_bound(cfg: LoadConfig) -> float:
+    """How many more clients a verifier holds at the same per-client rate when the drafting
+    is off its device ("Speculation at a Distance", 2026): 1 + gamma t_d / t_v, with gamma
+    the proposals' depth (--propose), t_d the emulated draft step and t_v the emulated
+    target pass (their base times, milliseconds)."""
+    from acespec.cloud.verify.batcher import StepEmulation
+    from acespec.cloud.verify.gap import DraftEmulation
+
+    t_v = StepEmulation.parse(cfg.emulate).base_ms
+    t_d = DraftEmulation.parse(cfg.cloud_draft).base_ms
+    return round(1 + cfg.propose * t_d / t_v, 2) if t_v > 0 else math.inf
+
+
 def markdown(runs: list[dict]) -> str:
     keys = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
             "ttft_p90_s", "aggregate_tok_s", "verifier_busy", "verifier_s_per_1k_tokens",
@@ -179,7 +194,8 @@ def run_load(cfg: LoadConfig, model_dir: str, drafter: str, prompts: list[str],
     runs = asyncio.run(main())
     rate = slo_rate(runs, cfg)
     return {"runs": runs, "goodput": goodput(runs, rate, cfg.slo_ttft_s),
-            "slo": {"per_client_tok_s": round(rate, 2), "ttft_p90_s": cfg.slo_ttft_s}}
+            "slo": {"per_client_tok_s": round(rate, 2), "ttft_p90_s": cfg.slo_ttft_s},
+            "capacity_bound": capacity_bound(cfg)}
 
 
 def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,

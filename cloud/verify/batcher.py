@@ -69,6 +69,7 @@ GATHER_S = 0.01  # after a pass, wait up to this long for the sequences that com
 # back (a decided session's next pass: their measured gap is below it), so the next pass
 # holds them too instead of running without them and making them wait a whole pass
 GAP_DECAY = 0.8  # per request: a sequence's gap between its result and its next request
+SHARING_DECAY = 0.9  # per pass: the sessions sharing the device, over the last ~10 passes
 
 
 @dataclass
@@ -122,6 +123,8 @@ class Batcher:
         self.passes = 0
         self.requests_scored = 0
         self.busy_s = 0.0  # seconds in passes
+        self.sharing = 1.0  # sequences per pass, recently: who waits out what else the
+        # device runs between passes (a co-located drafter's steps)
         self._refusing: BaseException | None = None  # fail_pending's error, for every request
 
     async def score(self, req: Request, grant: Callable[[], int] | None = None
@@ -294,6 +297,7 @@ class Batcher:
         seconds = time.perf_counter() - t0
         self.passes += 1
         self.busy_s += seconds
+        self.sharing = SHARING_DECAY * self.sharing + (1 - SHARING_DECAY) * len(chunks)
         self.cost.observe(nodes, seconds)
         for i, ((job, chunk), res) in enumerate(zip(plan, results)):
             if not isinstance(res, BaseException):

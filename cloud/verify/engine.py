@@ -221,13 +221,18 @@ class Engine:
         if self.metrics:
             self.metrics.on_proposals(lone.source, proposed, accepted, lone.gap_s or 0.0)
 
+    def sharing(self) -> float:
+        """The sessions sharing the device lately (sequences per pass): what a co-located
+        draft step makes wait."""
+        return self.batcher.sharing
+
     async def _lone_proposals(self, session: DecidedSession, fed: int) -> Lone | None:
         """Fill a lone pass of `fed` tokens with as many proposals as pay (self.depth): the
-        gap drafter's where the session has one and its ledger says it pays, else (or when it
-        proposes nothing) prompt lookup's. None when none is worth scoring."""
+        gap drafter's where the session has one and its ledger says it pays at the device's
+        load (Ledger.worth), else (or when it proposes nothing) prompt lookup's. None when none is worth scoring."""
         looked, order = session.looked_up()  # lookup's: free, and the drafter's baseline
         lone = Lone("lookup", order, looked[:self.depth.depth(order, len(looked), fed)])
-        if session.gap is not None and self.gap.ledger.worth():
+        if session.gap is not None and self.gap.ledger.worth(self.sharing()):
             k = self.depth.depth(0, session.proposal_room, fed)
             proposals, gap_s = (await self.gap.propose_async(
                 session.gap, list(session.tokens), k,

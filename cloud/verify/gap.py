@@ -72,14 +72,19 @@ class Ledger:
         self.earned_s = DECAY * self.earned_s + (accepted - baseline) * pass_s
         self.spent_s = DECAY * self.spent_s + spent_s
 
-    def worth(self) -> bool:
-        """Ask the drafter in this lone pass? During the first WARMUP calls, and while it
-        has earned what it spent; else one lone pass in EXPLORE (prompt lookup proposes
-        in the others)."""
-        if self.calls < WARMUP or self.earned_s >= self.spent_s:
+    def worth(self, sharing: float = 1.0) -> bool:
+        """Ask the drafter in this lone pass? sharing: the sessions that share the device
+        (acespec.cloud.verify.batcher.Batcher.sharing). A draft step holds the device, so
+        every one of them waits it out: its seconds cost that many session-seconds, while
+        what it earns is one session's passes. Asked during the first WARMUP calls, and
+        while it has earned what it cost; else once in EXPLORE x sharing lone passes (prompt
+        lookup proposes in the others), so that exploring costs the same under load. Idle
+        the drafter thus drafts wherever it pays; as the device fills, it stops."""
+        load = max(1.0, sharing)
+        if self.calls < WARMUP or self.earned_s >= self.spent_s * load:
             return True
         self.skipped += 1
-        if self.skipped >= EXPLORE:
+        if self.skipped >= EXPLORE * load:
             self.skipped = 0
             return True
         return False

@@ -28,6 +28,18 @@ def gap(tiny_pair):
                            model.args.vocab_size, linear="torch")
 
 
+def flat_cost():
+    """A pass cost where every pass costs the same, so a busy machine's timings cannot make
+    a proposal look not worth its pass (the depth would then skip the ledger's turn)."""
+    from acespec.cloud.verify.proposals import PassCost
+
+    class Flat(PassCost):
+        def seconds(self, tokens: int) -> float:
+            return 0.01
+
+    return Flat()
+
+
 def test_proposals_are_the_models_greedy_tokens_as_the_text_grows(gap, tiny_pair):
     """The f32 GGUF of the tiny target, proposing after a text that grows by what was
     decided (some of its own proposals, some not): each call equals greedy decoding of
@@ -127,7 +139,6 @@ def test_a_drafter_that_has_spent_more_than_it_earned_is_asked_rarely(gap, tiny_
     and the text is the target's greedy text either way."""
     from acespec.cloud.verify.engine import Engine, Limits
     from acespec.cloud.verify.gap import EXPLORE, WARMUP, Ledger
-    from acespec.cloud.verify.proposals import PassCost
 
     from verifier_harness import run
 
@@ -138,18 +149,11 @@ def test_a_drafter_that_has_spent_more_than_it_earned_is_asked_rarely(gap, tiny_
     async def go():
         eng = Engine(model, Tokenizer.load(tok_dir).vocab_hash(), "t", Limits(propose=1),
                      gap=gap)
-        eng.depth.cost = FlatCost()  # one proposal always pays: only the ledger decides
+        eng.depth.cost = flat_cost()  # one proposal always pays: only the ledger decides
         _, s, _ = await eng.open_decided(prompt, GREEDY, 0, 60, [])
         while not s.done:
             await eng.decided_pass(s)
         return s
-
-    class FlatCost(PassCost):
-        """Every pass costs the same, so a busy machine's timings cannot make a proposal
-        look not worth its pass (the depth would then skip the ledger's turn)."""
-
-        def seconds(self, tokens: int) -> float:
-            return 0.01
 
     s = run(go())
     assert s.tokens == prompt + plain_greedy(model, prompt, 60)
@@ -174,6 +178,55 @@ def test_the_ledger_asks_while_earned_covers_spent():
     assert not book.worth()
     assert book.earned_s == pytest.approx(DECAY * 0.080)
     assert book.spent_s == pytest.approx(DECAY * 0.070 + 0.020)
+
+
+def test_the_ledger_charges_a_draft_step_to_every_session_that_waits_it_out():
+    """Hybrid drafting: a drafter that earns five times what it spends is asked in every
+    lone pass while the device serves one session, and stops as the device fills (the
+    draft step delays each session sharing it): past 5 sessions it explores once in
+    EXPLORE x sessions lone passes, so exploring costs the same per session under load."""
+    from acespec.cloud.verify.gap import EXPLORE, WARMUP, Ledger
+
+    book = Ledger(calls=WARMUP, earned_s=0.5, spent_s=0.1)
+    assert all(book.worth(1.0) for _ in range(50))
+    assert all(book.worth(4.9) for _ in range(50))
+    for sharing in (6.0, 16.0):
+        book = Ledger(calls=WARMUP, earned_s=0.5, spent_s=0.1)
+        asked = [book.worth(sharing) for _ in range(int(4 * EXPLORE * sharing))]
+        assert asked.count(True) == 4, sharing
+    assert Ledger(calls=WARMUP, earned_s=0.5, spent_s=0.1).worth(0.3)  # never below one
+    assert Ledger(calls=WARMUP - 1, spent_s=100.0).worth(64.0)  # warm-up: asked regardless
+
+
+def test_a_loaded_verifier_stops_drafting_for_its_sessions(gap, tiny_pair):
+    """The same session on an idle and on a full device (the load scripted: 12 sessions
+    sharing each pass): the drafter, paying its way, proposes in each lone pass of the
+    first and in a few of the second's (prompt lookup in the rest), and both texts are the
+    target's greedy text."""
+    from acespec.cloud.verify.engine import Engine, Limits
+    from acespec.cloud.verify.gap import EXPLORE, WARMUP, Ledger
+
+    from verifier_harness import run
+
+    tok_dir, model, _ = tiny_pair
+    prompt = [1, 5, 9, 14]
+
+    async def go(sharing: float):
+        gap.ledger = Ledger(calls=WARMUP, earned_s=5.0, spent_s=1.0)  # pays 5x, idle
+        eng = Engine(model, Tokenizer.load(tok_dir).vocab_hash(), "t", Limits(propose=1),
+                     gap=gap)
+        eng.sharing = lambda: sharing
+        eng.depth.cost = flat_cost()
+        _, s, _ = await eng.open_decided(prompt, GREEDY, 0, 60, [])
+        while not s.done:
+            await eng.decided_pass(s)
+        return s
+
+    idle, full = run(go(1.0)), run(go(12.0))
+    assert idle.tokens == full.tokens == prompt + plain_greedy(model, prompt, 60)
+    assert idle.gap.calls >= idle.counts.lone_passes - 1 > 20  # the last has no room left
+    assert full.gap.calls <= full.counts.lone_passes // (EXPLORE * 12) + 1
+    assert full.counts.lone_passes > idle.counts.lone_passes  # its proposals were missed
 
 
 def test_lookups_counterfactual_is_its_prefix_agreeing_with_what_was_decided():

@@ -54,6 +54,14 @@ def test_the_default_slo_needs_ar_with_one_client():
         LoadConfig(modes=("ar", "sd"))
 
 
+def test_the_capacity_bound_is_one_plus_gamma_draft_over_verify():
+    from acespec.sim.load import LoadConfig, capacity_bound
+
+    assert capacity_bound(LoadConfig()) == pytest.approx(1 + 8 * 5 / 25)  # the defaults
+    assert capacity_bound(LoadConfig(emulate="40,0.5", cloud_draft="10", propose=4)) == 2.0
+    assert capacity_bound(LoadConfig(cloud_draft="")) == 1.0  # no draft cost: no gain
+
+
 def test_a_gpu_like_step_is_flat_to_its_knee():
     step = StepEmulation.parse("25,0.1,256")
     assert step.seconds(1) == step.seconds(256) == 0.025
@@ -72,7 +80,7 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
     out = tmp_path / "load.json"
     p = subprocess.run([sys.executable, "-P", "-m", "acespec", "bench", "load", "--model",
                         str(tiny_hf_dir), "--drafter", str(ggufs["q8_0"]), "--modes",
-                        "ar,acespec,colo", "--clients", "1,2", "--requests", "1",
+                        "ar,acespec,acespec-gap,colo", "--clients", "1,2", "--requests", "1",
                         "--per-category", "1", "--max-tokens", "12", "--link", "loopback",
                         "--emulate-step-ms", "5,0.1,64", "--per-process", "1",
                         "--out", str(out), "--plot", str(tmp_path / "plots")],
@@ -80,13 +88,15 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     result = json.loads(out.read_text())
     rows = {(r["mode"], r["clients"]): r for r in result["runs"]}
-    assert set(rows) == {(m, n) for m in ("ar", "acespec", "colo") for n in (1, 2)}
+    assert set(rows) == {(m, n) for m in ("ar", "acespec", "acespec-gap", "colo")
+                         for n in (1, 2)}
     for (mode, n), r in rows.items():
         assert r["requests"] == n and r["tokens"] == 12 * n, (mode, n)
         assert r["per_client_tok_s_p10"] > 0 and 0 < r["verifier_busy"] <= 1
         assert r["verifier_s_per_1k_tokens"] > 0 and r["nodes_per_token"] >= 1
-    assert set(result["goodput"]) == {"ar", "acespec", "colo"}
+    assert set(result["goodput"]) == {"ar", "acespec", "acespec-gap", "colo"}
     assert result["slo"]["per_client_tok_s"] == pytest.approx(
         1.3 * rows["ar", 1]["per_client_tok_s_p50"], rel=0.01)
     assert (tmp_path / "plots" / "frontier.png").stat().st_size > 1000
     assert "goodput (clients whose p10 makes" in p.stdout
+    assert result["capacity_bound"] == pytest.approx(1 + 8 * 5 / 5)
