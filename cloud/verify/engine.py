@@ -232,8 +232,11 @@ class Engine:
         load (Ledger.worth), else (or when it proposes nothing) prompt lookup's. None when none is worth scoring."""
         looked, order = session.looked_up()  # lookup's: free, and the drafter's baseline
         lone = Lone("lookup", order, looked[:self.depth.depth(order, len(looked), fed)])
-        if session.gap is not None and self.gap.ledger.worth(self.sharing()):
-            k = self.depth.depth(0, session.proposal_room, fed)
+        sharing = self.sharing()
+        if session.gap is not None and self.gap.ledger.worth(sharing):
+            # Each proposal costs a draft step besides its node, waited out by every
+            # session sharing the device.
+            k = self.depth.depth(0, session.proposal_room, fed, self.gap.step_s * sharing)
             proposals, gap_s = (await self.gap.propose_async(
                 session.gap, list(session.tokens), k,
                 None if session.params.sampling.greedy else session.pick)

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 WARMUP = 4  # the drafter's first calls always run (they measure what it earns)
 EXPLORE = 8  # while it does not pay, one lone pass in this many still asks it
 DECAY = 0.98  # the ledger's memory per call (about the last 50 calls count)
+STEP_DECAY = 0.9  # per batch: a draft step's seconds, over the last ~10 batches
 Pick = Callable  # (logits [V] float32 numpy, position) -> the proposed token
 
 
@@ -282,6 +283,7 @@ class GapDrafter:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.busy_s = 0.0  # seconds of draft batches
+        self.step_s = 0.0  # seconds of one batched draft step, recently (0: none yet)
         self.on_batch = None  # callback(seconds) per batch, for metrics
 
     @classmethod
@@ -344,6 +346,7 @@ class GapDrafter:
                                                          last_only=True)
                                                  for i, f in zip(live, feed)])
                 self.emulation.pad(len(live), time.perf_counter() - t0)
+                self._time_step(time.perf_counter() - t0)
                 for i, row in zip(live, rows):
                     self._pick(asks[i], outs[i], row[-1])
                 live = [i for i in live if len(outs[i]) < ks[i]]
@@ -353,6 +356,11 @@ class GapDrafter:
                 a.state.cache.truncate(len(a.text))
                 a.state.fed = len(a.text)
         return outs
+
+    def _time_step(self, seconds: float) -> None:
+        """A draft step took `seconds` (what a proposal costs the pass's depth)."""
+        self.step_s = seconds if not self.step_s else \
+            STEP_DECAY * self.step_s + (1 - STEP_DECAY) * seconds
 
     @staticmethod
     def _pick(ask: Ask, out: list[int], logits: torch.Tensor) -> None:

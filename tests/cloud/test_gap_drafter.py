@@ -253,8 +253,11 @@ def test_coupled_sessions_get_the_drafters_coupled_picks(gap, tiny_pair):
     tok_dir, model, _ = tiny_pair
     vocab, prompt = Tokenizer.load(tok_dir).vocab_hash(), [1, 5, 9, 14]
 
+    gap._time_step = lambda seconds: None  # steps counted free: the depth asks for them all
+
     async def go(propose: int):
         eng = Engine(model, vocab, "t", Limits(propose=propose), gap=gap if propose else None)
+        eng.depth.cost = flat_cost()
         _, s, _ = await eng.open_decided(prompt, COUPLED, 7, 30, [])
         while not s.done:
             await eng.decided_pass(s)

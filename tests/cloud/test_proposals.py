@@ -76,6 +76,17 @@ def test_the_depth_reads_a_step_in_the_pass_cost():
     assert worth_depth([0.3] * 8, lambda n: 0.066 + 0.004 * (n - 1)) > 0  # what the line did
 
 
+def test_a_draft_step_per_proposal_makes_the_depth_shallower():
+    """A gap drafter's proposal costs a draft step besides its node: on a flat 25 ms pass
+    with each proposal taken 60 % of the time, free proposals are scored 8 deep; at 5 ms a
+    step (a sixth of a pass), 2 (1.96 tokens in 35 ms beats 1.6 in 30 and 2.18 in 40); at
+    40 ms, under load (5 ms times 8 sessions sharing the device), none."""
+    flat = lambda n: 0.025  # noqa: E731
+    assert worth_depth([0.6] * 8, flat) == 8
+    assert worth_depth([0.6] * 8, flat, extra_s=0.005) == 2
+    assert worth_depth([0.6] * 8, flat, extra_s=0.040) == 0
+
+
 def test_settle_counts_what_the_walk_reached_and_took():
     """Four proposals of order 2, the walk took two: depths 0-2 were reached, 0-1 taken; a
     longer lookup match (order 7) counts in the last bucket."""
