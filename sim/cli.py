@@ -69,6 +69,14 @@ def add_bench_parser(sub) -> None:
                    help="load: generations per client at each count (default: %(default)s)")
     b.add_argument("--per-process", type=number(int, 1, 32), default=16,
                    help="load: clients per edge process (default: %(default)s)")
+    b.add_argument("--predict", action="store_true",
+                   help="load: the discrete-event model's prediction beside each measured "
+                   "row (ar, acespec, colo, cloud-lookup), on the same link and profiles, "
+                   "with --accept (default 0.8) and --lookup-accept (default 0.3)")
+    b.add_argument("--edge-nice", type=number(int, 0, 19), default=10,
+                   help="load: the edge processes' niceness, so that they take the CPU the "
+                   "verifier leaves, as edges on their users' own devices would not slow it "
+                   "(0: same priority) (default: %(default)s)")
     b.add_argument("--slo-speedup", type=number(float, 0.0, lo_open=True), default=1.3,
                    help="load: goodput counts the clients whose p10 client makes this x ar's "
                    "one-client tokens/s, measured in the run (default: %(default)s)")
@@ -83,12 +91,13 @@ def add_bench_parser(sub) -> None:
                    "wasteN (N clients extending 256 random nodes per round), longN (N clients "
                    "opening sessions on 4,000-token prompts) (default: %(default)s)")
     b.add_argument("--calibration", help="sweep: costs JSON from 'bench calibrate'")
-    b.add_argument("--accept", type=float, help="sweep: per-position acceptance (default: "
-                   "the calibrated pair's)")
+    b.add_argument("--accept", type=float, help="sweep, load --predict: per-position "
+                   "acceptance of the edge's drafts (default: the calibrated pair's)")
     b.add_argument("--hit-rate", type=float, help="sweep: acespec cache hit rate (default: "
                    "calibrated)")
     b.add_argument("--lookup-accept", type=number(float, 0.0, 0.99), metavar="A",
-                   help="sweep: per-position acceptance of the verifier's prompt-lookup "
+                   help="sweep, load --predict: per-position acceptance of the verifier's "
+                   "prompt-lookup "
                    "proposals in lone passes of the decided modes (default: the calibration's "
                    "lookup_acceptance, fitted to its run's tokens per lone pass; 0: none)")
     b.add_argument("--hold-ms", type=number(float, 0.0), default=0.0, metavar="MS",
@@ -319,7 +328,8 @@ def _load(args) -> int:
             modes=tuple(args.modes.split(",")), link=args.link, emulate=args.emulate_step_ms,
             cloud_draft=args.emulate_cloud_draft_ms, propose=args.propose,
             requests=args.requests, max_tokens=args.max_tokens, temperature=args.temperature,
-            per_process=args.per_process, slo_speedup=args.slo_speedup,
+            per_process=args.per_process, edge_nice=args.edge_nice,
+            slo_speedup=args.slo_speedup,
             slo_ttft_s=args.slo_ttft_s, slo_tok_s=args.slo_tok_s)
         prompts = [p["prompt"] for p in _prompts(args)]
     except (ValueError, OSError) as e:
@@ -328,10 +338,18 @@ def _load(args) -> int:
     result = load.run_load(cfg, args.model, args.drafter, prompts,
                            lambda m: print(m, file=sys.stderr, flush=True))
     print(f"profile: --emulate-step-ms {cfg.emulate}, --emulate-cloud-draft-ms "
-          f"{cfg.cloud_draft}, --propose {cfg.propose}, link {cfg.link} per client, "
+          f"{cfg.cloud_draft}, --propose {cfg.propose}, --edge-nice {cfg.edge_nice}, "
+          f"link {cfg.link} per client, "
           f"{cfg.requests} generations of {cfg.max_tokens} tokens per client, "
           f"{len(prompts)} prompts, temperature {cfg.temperature}")
     print(load.markdown(result["runs"]))
+    if args.predict:
+        accept = 0.8 if args.accept is None else args.accept
+        lookup = 0.3 if args.lookup_accept is None else args.lookup_accept
+        result["predicted"] = load.predict(cfg, result["runs"], accept, lookup)
+        print(f"\nthe discrete-event model (acceptance {accept}, prompt-lookup acceptance "
+              f"{lookup}), the same rows:")
+        print(load.markdown(result["predicted"], load.PREDICTED_KEYS))
     slo = result["slo"]
     print(f"\ngoodput (clients whose p10 makes {slo['per_client_tok_s']} tok/s with TTFT p90 "
           f"<= {slo['ttft_p90_s']} s): " +

@@ -56,8 +56,10 @@ class ModelCosts:
     down_per_node: float = DOWN_NODE_GREEDY
     ar_down_per_token: float = 18.0  # wire bytes per streamed token in `ar`
 
+    target_knee: int = 0  # nodes a pass scores at its base time (a GPU below its roofline)
+
     def target_s(self, nodes: int) -> float:
-        return self.target_base_s + self.target_per_node_s * nodes
+        return self.target_base_s + self.target_per_node_s * max(0, nodes - self.target_knee)
 
 
 @dataclass(frozen=True)
@@ -327,6 +329,12 @@ class _DecidingVerifier:
 
     def step(self) -> None:
         """One pass: decide the accepted drafts and one more; send them down at its end."""
+        nodes, proposed = self.plan()
+        self.finish(self.free + self.c.target_s(nodes) + self.sc.propose_s * proposed)
+
+    def plan(self) -> tuple[int, int]:
+        """The next pass, from `free` on: (nodes it scores, the verifier's proposals among
+        them). finish() ends it."""
         self._receive()
         feed = self._live()
         if not feed and self.inbox and self.inbox[0].arrive - self.free <= self.sc.hold_s:
@@ -343,8 +351,15 @@ class _DecidingVerifier:
         if proposed:
             k = _accepted(self.rng, min(proposed, self.sc.tokens - 1 - self.decided),
                           self.sc.propose_accept)
-        seconds = self.c.target_s(1 + fed + proposed) + self.sc.propose_s * proposed
-        self.free, self.busy, self.passes = self.free + seconds, self.busy + seconds, self.passes + 1
+        self._planned = (feed, fed, k, lone)
+        return 1 + fed + proposed, proposed
+
+    def finish(self, end: float) -> None:
+        """The planned pass ends at `end` (with the other sessions' of a shared pass, and
+        any draft steps before it): its tokens are decided and sent down."""
+        feed, fed, k, lone = self._planned
+        seconds = end - self.free
+        self.free, self.busy, self.passes = end, self.busy + seconds, self.passes + 1
         start = self.decided
         self.decided += k + 1
         self.lone_passes += lone

@@ -5,7 +5,9 @@ runs `requests` generations back to back, each on a real prompt, through a link 
 (the link proxy shapes every connection apart). The clients run as tasks in as few edge
 processes as the machine needs (`per_process` each, one llama.cpp drafter per process with a
 sequence set per client); their drafting is not charged to the verifier, which is what an
-edge on the user's own device costs the server. For each mode and N the bench reports what
+edge on the user's own device costs the server, and they run at a lower CPU priority
+(`edge_nice`), so that on a shared machine they take the CPU the verifier leaves rather than
+slowing it, as edges on their users' own devices would not. For each mode and N the bench reports what
 the users saw (per-client tokens/s p50 and p10, TTFT p50 and p90), what the server did
 (aggregate tokens/s, busy fraction, busy seconds and scored nodes per token), and at the end
 the goodput: the most clients whose p10 client still meets the SLO.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -48,6 +51,7 @@ class LoadConfig:
     max_tokens: int = 64
     temperature: float = 0.0
     per_process: int = 16  # clients per edge process
+    edge_nice: int = 10  # the edge processes' niceness: they take the CPU the verifier leaves
     slo_speedup: float = SLO_SPEEDUP
     slo_ttft_s: float = SLO_TTFT_S
     slo_tok_s: float | None = None  # per-client tokens/s; None: slo_speedup x ar's 1-client
@@ -63,6 +67,8 @@ class LoadConfig:
                              "1 in --modes/--clients, or give --slo-tok-s")
         if not 1 <= self.per_process <= 32:
             raise ValueError(f"--per-process must be in [1, 32], got {self.per_process}")
+        if not 0 <= self.edge_nice <= 19:
+            raise ValueError(f"--edge-nice must be in [0, 19], got {self.edge_nice}")
 
 
 # -- what the users saw: statistics and goodput --------------------------------------------
@@ -124,10 +130,39 @@ def capacity_bound(cfg: LoadConfig) -> float:
     return round(1 + cfg.propose * t_d / t_v, 2) if t_v > 0 else math.inf
 
 
-def markdown(runs: list[dict]) -> str:
-    keys = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
-            "ttft_p90_s", "aggregate_tok_s", "verifier_busy", "verifier_s_per_1k_tokens",
-            "nodes_per_token")
+def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: float
+            ) -> list[dict]:
+    """The discrete-event model's rows (acespec.sim.des_many) for each measured (mode, N)
+    it models, on the run's link and profiles; each run gets predicted_* keys beside."""
+    from acespec.cloud.verify.batcher import StepEmulation
+    from acespec.cloud.verify.gap import DraftEmulation
+    from acespec.sim.bench import parse_links
+    from acespec.sim.des import ModelCosts
+    from acespec.sim.des_many import MANY_MODES, Fleet, simulate_many
+
+    step, draft = StepEmulation.parse(cfg.emulate), DraftEmulation.parse(cfg.cloud_draft)
+    costs = ModelCosts(target_base_s=step.base_ms / 1000,
+                       target_per_node_s=step.per_node_ms / 1000, target_knee=step.knee)
+    fleet = Fleet(accept=accept, lookup_accept=lookup_accept, tokens=cfg.max_tokens,
+                  draft_base_s=draft.base_ms / 1000, draft_per_seq_s=draft.per_seq_ms / 1000)
+    (_, link), = parse_links(cfg.link)
+    rows = []
+    for r in runs:
+        if r["mode"] in MANY_MODES:
+            rows.append(simulate_many(r["mode"], r["clients"], link, fleet, costs))
+            r.update({f"predicted_{k}": v for k, v in rows[-1].items()
+                      if k not in ("mode", "clients")})
+    return rows
+
+
+KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
+        "ttft_p90_s", "aggregate_tok_s", "verifier_busy", "verifier_s_per_1k_tokens",
+        "nodes_per_token")
+PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
+                  "aggregate_tok_s", "verifier_busy", "nodes_per_token")
+
+
+def markdown(runs: list[dict], keys: tuple[str, ...] = KEYS) -> str:
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in runs]
     return "\n".join(lines)
@@ -215,6 +250,7 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
         workers.append(subprocess.Popen(
             python_module("acespec.sim.load") + [json.dumps({**job, "clients": mine})],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        os.setpriority(os.PRIO_PROCESS, workers[-1].pid, cfg.edge_nice)  # it loads its drafter first
     while time.time() < start_at:
         time.sleep(0.01)
     busy0, nodes0, t0 = meter.busy(), meter.nodes(), time.perf_counter()

@@ -1,0 +1,103 @@
+"""The discrete-event model with many sessions on one verifier (`acespec bench load
+--predict`).
+
+N clients, each with a link of its own and, in `acespec`, an edge of its own (drafting on its
+own device, so its time is not the verifier's). One device runs the target: a pass starts
+as soon as the device is free and a session is ready, and takes every ready session; it
+lasts T(all its nodes), flat up to the knee on a GPU-like profile. A lone pass's proposals
+come from prompt lookup (free) or, in `colo`, from a drafter beside the target: its draft
+steps run on the device before the pass, one batched step per proposal depth, each
+`draft_base_s + draft_per_seq_s x` the sessions drafting. Sessions are acespec.sim.des's
+decided sessions, so acceptance is drawn per position as there. What it leaves out: the
+verifier's Python, the edges sharing a machine, prefill and TTFT, closed-loop restarts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from acespec.cloud.verify.proposals import worth_depth
+from acespec.sim.des import ModelCosts, Scenario, _DecidingVerifier, _DraftingEdge
+from acespec.sim.stages import Chunk, LinkSpec
+
+MANY_MODES = ("ar", "acespec", "colo", "cloud-lookup")
+PROPOSE = 8  # cloud serve --propose's default: the most a lone pass scores
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What the model needs beyond ModelCosts: acceptance per position of the edge's
+    drafts (`accept`, also the co-located drafter's: the same file) and of prompt lookup's
+    proposals, and the co-located drafter's step on the device."""
+
+    accept: float = 0.7
+    lookup_accept: float = 0.3
+    draft_base_s: float = 0.005
+    draft_per_seq_s: float = 0.00005
+    depth: int = 8  # the edge's chunk
+    window: int = 8
+    tokens: int = 64  # per client
+
+
+def scenario(mode: str, link: LinkSpec, fleet: Fleet, costs: ModelCosts, seed: int
+             ) -> Scenario:
+    """One client's session in `mode`: acespec's edge drafts a chain; the rivals' edges
+    draft nothing (a window of 0) and the verifier proposes; ar proposes nothing."""
+    base = Scenario("acespec", link, accept=fleet.accept, depth=fleet.depth,
+                    window=fleet.window, tokens=fleet.tokens, decided=True, seed=seed)
+    lookup = dict(propose=PROPOSE, propose_accept=fleet.lookup_accept)
+    if mode == "acespec":
+        return replace(base, **lookup)
+    if mode == "cloud-lookup":
+        return replace(base, window=0, **lookup)
+    if mode == "colo":  # as deep as pays for one session, the draft step counted per proposal
+        k = worth_depth([fleet.accept] * PROPOSE, costs.target_s, 1, fleet.draft_base_s)
+        return replace(base, window=0, propose=k, propose_accept=fleet.accept)
+    if mode == "ar":
+        return replace(base, window=0)
+    raise ValueError(f"unknown mode {mode!r}; the model runs {', '.join(MANY_MODES)}")
+
+
+def simulate_many(mode: str, clients: int, link: LinkSpec, fleet: Fleet, costs: ModelCosts,
+                  seed: int = 0) -> dict:
+    """N clients generating fleet.tokens at once: per-client tokens/s p50 and p10,
+    aggregate tokens/s, the device's busy fraction and scored nodes per token."""
+    pairs = []
+    for i in range(clients):
+        sc = scenario(mode, link, fleet, costs, seed * 1000 + i)
+        up, down = link.build(sc.seed)
+        opened = up(Chunk(int(costs.up_base), 0.0)).t
+        v = _DecidingVerifier(sc, costs, down, opened)
+        e = _DraftingEdge(sc, costs, up, np.random.default_rng(sc.seed),
+                          down(Chunk(int(costs.down_base), opened)).t)
+        pairs.append((v, e))
+    device, busy, nodes_total = 0.0, 0.0, 0
+    while any(e.done_at is None for _, e in pairs):
+        start = max(device, min(v.next_t for v, _ in pairs))
+        edge_t, i = min((e.next_t(v.outbox), i) for i, (v, e) in enumerate(pairs))
+        if edge_t < start:  # an edge acts first (the verifier's pass sees what it sends)
+            v, e = pairs[i]
+            e.step(v.outbox, v.inbox)
+            continue
+        batch = [v for v, _ in pairs if v.next_t <= start]
+        for v in batch:
+            v.free = start
+        planned = [v.plan() for v in batch]
+        nodes = sum(n for n, _ in planned)
+        drafting = [p for _, p in planned if p] if mode == "colo" else []
+        steps = max(drafting, default=0)
+        seconds = costs.target_s(nodes) + steps * (
+            fleet.draft_base_s + fleet.draft_per_seq_s * len(drafting))
+        for v in batch:
+            v.finish(start + seconds)
+        device, busy, nodes_total = start + seconds, busy + seconds, nodes_total + nodes
+    rates = [fleet.tokens / e.done_at for _, e in pairs]
+    wall = max(e.done_at for _, e in pairs)
+    return {"mode": mode, "clients": clients,
+            "per_client_tok_s_p50": round(float(np.percentile(rates, 50)), 2),
+            "per_client_tok_s_p10": round(float(np.percentile(rates, 10)), 2),
+            "aggregate_tok_s": round(clients * fleet.tokens / wall, 2),
+            "verifier_busy": round(min(1.0, busy / wall), 3),
+            "nodes_per_token": round(nodes_total / (clients * fleet.tokens), 2)}
