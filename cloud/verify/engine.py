@@ -200,9 +200,11 @@ class Engine:
         start, new = session.finish_pass(logits.cpu().numpy(), pass_s)
         session.share.settle(len(tokens) - 1, len(session.walked))
         self._report_share(session)
-        if lone:
+        if lone:  # a saved pass is worth the device's time for one (the session's wait
+            # would count every draft step queued before it, the drafter's own included)
             self._settle_proposals(lone, session.counts.proposed - before[0],
-                                   session.counts.proposed_accepted - before[1], new, pass_s)
+                                   session.counts.proposed_accepted - before[1], new,
+                                   self.batcher.cost.seconds(len(tokens)))
         keep = session.kept_slots()
         if keep == list(range(len(keep))):
             session.cache.truncate(len(keep))  # a chain: the rejected drafts' slots

@@ -253,7 +253,10 @@ def test_coupled_sessions_get_the_drafters_coupled_picks(gap, tiny_pair):
     tok_dir, model, _ = tiny_pair
     vocab, prompt = Tokenizer.load(tok_dir).vocab_hash(), [1, 5, 9, 14]
 
+    from acespec.cloud.verify.gap import WARMUP, Ledger
+
     gap._time_step = lambda seconds: None  # steps counted free: the depth asks for them all
+    gap.ledger = Ledger(calls=WARMUP, earned_s=1e6)  # and the ledger asks in every lone pass
 
     async def go(propose: int):
         eng = Engine(model, vocab, "t", Limits(propose=propose), gap=gap if propose else None)
