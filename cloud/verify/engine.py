@@ -231,7 +231,8 @@ class Engine:
     async def _lone_proposals(self, session: DecidedSession, fed: int) -> Lone | None:
         """Fill a lone pass of `fed` tokens with as many proposals as pay (self.depth): the
         gap drafter's where the session has one and its ledger says it pays at the device's
-        load (Ledger.worth), else (or when it proposes nothing) prompt lookup's. None when none is worth scoring."""
+        load (Ledger.worth), else (or when it proposes nothing) prompt lookup's. None when
+        none is worth scoring."""
         looked, order = session.looked_up()  # lookup's: free, and the drafter's baseline
         lone = Lone("lookup", order, looked[:self.depth.depth(order, len(looked), fed)])
         sharing = self.sharing()

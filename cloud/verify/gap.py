@@ -77,7 +77,7 @@ class Ledger:
         """Ask the drafter in this lone pass? sharing: the sessions that share the device
         (acespec.cloud.verify.batcher.Batcher.sharing). A draft step holds the device, so
         every one of them waits it out: its seconds cost that many session-seconds, while
-        what it earns is one session's passes. Asked during the first WARMUP calls, and
+        what it earns is the device's time for the passes it saved one session. Asked during the first WARMUP calls, and
         while it has earned what it cost; else once in EXPLORE x sharing lone passes (prompt
         lookup proposes in the others), so that exploring costs the same under load. Idle
         the drafter thus drafts wherever it pays; as the device fills, it stops."""
