@@ -269,7 +269,7 @@ def _check_files(args) -> None:
     """The target folder and the drafter GGUF read (their headers): a bad file is one line
     here, not a child process's traceback."""
     from acespec.cloud.target.loader import check_checkpoint
-    from acespec.cloud.verify.gap import check_gguf
+    from acespec.cloud.verify.gap_file import check_gguf
 
     if args.what in ("run", "calibrate", "hostile"):
         if args.model:

@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 
 from acespec.cloud.target.config import ModelArgs, UnsupportedModel  # noqa: E402
 from acespec.cloud.target.loader import check_safetensors, load_model  # noqa: E402
-from acespec.cloud.verify.gap import _gguf_needs  # noqa: E402
+from acespec.cloud.verify.gap_file import gguf_needs  # noqa: E402
 from acespec.shared.tokenizer import ModelFileError, Tokenizer  # noqa: E402
 
 
@@ -95,14 +95,14 @@ def test_bad_tokenizer_files_name_the_file(target):
 def test_gguf_size_by_its_header(tiny_pair, tmp_path):
     """A whole GGUF of each type is exactly the size its header says; a cut one is not."""
     for gguf in tiny_pair[2].values():
-        assert _gguf_needs(gguf) == gguf.stat().st_size
+        assert gguf_needs(gguf) == gguf.stat().st_size
     gguf = tiny_pair[2]["q8_0"]
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(gguf.read_bytes()[:gguf.stat().st_size - 10])
-    assert _gguf_needs(cut) == gguf.stat().st_size
+    assert gguf_needs(cut) == gguf.stat().st_size
     cut.write_bytes(gguf.read_bytes()[:100])
     with pytest.raises(EOFError):
-        _gguf_needs(cut)
+        gguf_needs(cut)
 
 
 def test_a_refused_gguf_is_both_a_drafter_and_a_model_file_error(tmp_path):
