@@ -150,7 +150,7 @@ def _check_files(args) -> None:
     """The target folder and the drafter GGUF read (their headers): a bad file is one line
     here, before any child starts."""
     from acespec.cloud.target.loader import check_checkpoint
-    from acespec.cloud.verify.gap import check_gguf
+    from acespec.cloud.verify.gap_file import check_gguf
 
     if args.model:
         check_checkpoint(args.model)
