@@ -97,8 +97,7 @@ def add_bench_parser(sub) -> None:
                    "calibrated)")
     b.add_argument("--lookup-accept", type=number(float, 0.0, 0.99), metavar="A",
                    help="sweep, load --predict: per-position acceptance of the verifier's "
-                   "prompt-lookup "
-                   "proposals in lone passes of the decided modes (default: the calibration's "
+                   "prompt-lookup proposals in lone passes of the decided modes (default: the calibration's "
                    "lookup_acceptance, fitted to its run's tokens per lone pass; 0: none)")
     b.add_argument("--hold-ms", type=number(float, 0.0), default=0.0, metavar="MS",
                    help="sweep: the decided modes' verifier idles up to MS before a pass no "
@@ -122,8 +121,8 @@ def add_bench_parser(sub) -> None:
                    "verifier is unreachable: edge --offline local), "
                    "acespec-gap (hybrid: the tree, and the verifier's gap drafter proposing in "
                    "the passes no edge draft covers while the device has room for its steps; "
-                   "the verifier then gets --gap-drafter, which "
-                   "the other modes' sessions turn off), and the rivals that speculate at "
+                   "the verifier then gets --gap-drafter, which the other modes' sessions "
+                   "turn off), and the rivals that speculate at "
                    "the verifier while the edge drafts nothing: colo (co-located: the "
                    "verifier's gap drafter, the edge's own drafter file, beside the target) "
                    "and cloud-lookup (prompt lookup at the verifier only) (default: "

@@ -7,8 +7,8 @@ processes as the machine needs (`per_process` each, one llama.cpp drafter per pr
 sequence set per client); their drafting is not charged to the verifier, which is what an
 edge on the user's own device costs the server, and they run at a lower CPU priority
 (`edge_nice`), so that on a shared machine they take the CPU the verifier leaves rather than
-slowing it, as edges on their users' own devices would not. For each mode and N the bench reports what
-the users saw (per-client tokens/s p50 and p10, TTFT p50 and p90), what the server did
+slowing it, as edges on their users' own devices would not. For each mode and N the bench
+reports what the users saw (per-client tokens/s p50 and p10, TTFT p50 and p90), what the server did
 (aggregate tokens/s, busy fraction, busy seconds and scored nodes per token), and at the end
 the goodput: the most clients whose p10 client still meets the SLO.
 
@@ -117,30 +117,33 @@ def goodput(runs: list[dict], rate: float, ttft_s: float) -> dict[str, int]:
     return out
 
 
+def _profiles(cfg: LoadConfig):
+    """(the target's step, the gap drafter's step) the run emulates."""
+    from acespec.cloud.verify.batcher import StepEmulation
+    from acespec.cloud.verify.gap import DraftEmulation
+
+    return StepEmulation.parse(cfg.emulate), DraftEmulation.parse(cfg.cloud_draft)
+
+
 def capacity_bound(cfg: LoadConfig) -> float:
     """How many more clients a verifier holds at the same per-client rate when the drafting
     is off its device ("Speculation at a Distance", 2026): 1 + gamma t_d / t_v, with gamma
     the proposals' depth (--propose), t_d the emulated draft step and t_v the emulated
     target pass (their base times, milliseconds)."""
-    from acespec.cloud.verify.batcher import StepEmulation
-    from acespec.cloud.verify.gap import DraftEmulation
-
-    t_v = StepEmulation.parse(cfg.emulate).base_ms
-    t_d = DraftEmulation.parse(cfg.cloud_draft).base_ms
-    return round(1 + cfg.propose * t_d / t_v, 2) if t_v > 0 else math.inf
+    step, draft = _profiles(cfg)
+    return round(1 + cfg.propose * draft.base_ms / step.base_ms, 2) if step.base_ms > 0 \
+        else math.inf
 
 
 def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: float
             ) -> list[dict]:
     """The discrete-event model's rows (acespec.sim.des_many) for each measured (mode, N)
     it models, on the run's link and profiles; each run gets predicted_* keys beside."""
-    from acespec.cloud.verify.batcher import StepEmulation
-    from acespec.cloud.verify.gap import DraftEmulation
     from acespec.sim.bench import parse_links
     from acespec.sim.des import ModelCosts
     from acespec.sim.des_many import MANY_MODES, Fleet, simulate_many
 
-    step, draft = StepEmulation.parse(cfg.emulate), DraftEmulation.parse(cfg.cloud_draft)
+    step, draft = _profiles(cfg)
     costs = ModelCosts(target_base_s=step.base_ms / 1000,
                        target_per_node_s=step.per_node_ms / 1000, target_knee=step.knee)
     fleet = Fleet(accept=accept, lookup_accept=lookup_accept, tokens=cfg.max_tokens,
@@ -250,7 +253,8 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
         workers.append(subprocess.Popen(
             python_module("acespec.sim.load") + [json.dumps({**job, "clients": mine})],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        os.setpriority(os.PRIO_PROCESS, workers[-1].pid, cfg.edge_nice)  # it loads its drafter first
+        # Lowered at once: the process loads its drafter for seconds before its clients start.
+        os.setpriority(os.PRIO_PROCESS, workers[-1].pid, cfg.edge_nice)
     while time.time() < start_at:
         time.sleep(0.01)
     busy0, nodes0, t0 = meter.busy(), meter.nodes(), time.perf_counter()

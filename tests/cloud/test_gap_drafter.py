@@ -40,6 +40,27 @@ def flat_cost():
     return Flat()
 
 
+def decide(model, vocab: str, prompt: list[int], params, seed: int, max_tokens: int, *,
+           propose: int = 1, gap=None, sharing: float | None = None):
+    """One decided session run to its end on an Engine whose passes all cost the same
+    (flat_cost), `sharing` sessions on its device when scripted; returns the session."""
+    from acespec.cloud.verify.engine import Engine, Limits
+
+    from verifier_harness import run
+
+    async def go():
+        eng = Engine(model, vocab, "t", Limits(propose=propose), gap=gap)
+        eng.depth.cost = flat_cost()
+        if sharing is not None:
+            eng.sharing = lambda: sharing
+        _, s, _ = await eng.open_decided(prompt, params, seed, max_tokens, [])
+        while not s.done:
+            await eng.decided_pass(s)
+        return s
+
+    return run(go())
+
+
 def test_proposals_are_the_models_greedy_tokens_as_the_text_grows(gap, tiny_pair):
     """The f32 GGUF of the tiny target, proposing after a text that grows by what was
     decided (some of its own proposals, some not): each call equals greedy decoding of
@@ -137,25 +158,13 @@ def test_a_drafter_that_has_spent_more_than_it_earned_is_asked_rarely(gap, tiny_
     """A ledger deep in the red (100 s spent, nothing earned) stays there over a session:
     the drafter is asked in one lone pass of EXPLORE, prompt lookup proposes in the others,
     and the text is the target's greedy text either way."""
-    from acespec.cloud.verify.engine import Engine, Limits
     from acespec.cloud.verify.gap import EXPLORE, WARMUP, Ledger
-
-    from verifier_harness import run
 
     tok_dir, model, _ = tiny_pair
     gap.ledger = Ledger(calls=WARMUP, spent_s=100.0)
     prompt = [1, 5, 9, 14]
-
-    async def go():
-        eng = Engine(model, Tokenizer.load(tok_dir).vocab_hash(), "t", Limits(propose=1),
-                     gap=gap)
-        eng.depth.cost = flat_cost()  # one proposal always pays: only the ledger decides
-        _, s, _ = await eng.open_decided(prompt, GREEDY, 0, 60, [])
-        while not s.done:
-            await eng.decided_pass(s)
-        return s
-
-    s = run(go())
+    # Every pass costs the same, so one proposal always pays: only the ledger decides.
+    s = decide(model, Tokenizer.load(tok_dir).vocab_hash(), prompt, GREEDY, 0, 60, gap=gap)
     assert s.tokens == prompt + plain_greedy(model, prompt, 60)
     lone = s.counts.lone_passes
     assert lone > 20 and s.gap.calls == lone // EXPLORE
@@ -203,26 +212,17 @@ def test_a_loaded_verifier_stops_drafting_for_its_sessions(gap, tiny_pair):
     sharing each pass): the drafter, paying its way, proposes in each lone pass of the
     first and in a few of the second's (prompt lookup in the rest), and both texts are the
     target's greedy text."""
-    from acespec.cloud.verify.engine import Engine, Limits
     from acespec.cloud.verify.gap import EXPLORE, WARMUP, Ledger
-
-    from verifier_harness import run
 
     tok_dir, model, _ = tiny_pair
     prompt = [1, 5, 9, 14]
 
-    async def go(sharing: float):
+    def on(sharing: float):
         gap.ledger = Ledger(calls=WARMUP, earned_s=5.0, spent_s=1.0)  # pays 5x, idle
-        eng = Engine(model, Tokenizer.load(tok_dir).vocab_hash(), "t", Limits(propose=1),
-                     gap=gap)
-        eng.sharing = lambda: sharing
-        eng.depth.cost = flat_cost()
-        _, s, _ = await eng.open_decided(prompt, GREEDY, 0, 60, [])
-        while not s.done:
-            await eng.decided_pass(s)
-        return s
+        return decide(model, Tokenizer.load(tok_dir).vocab_hash(), prompt, GREEDY, 0, 60,
+                      gap=gap, sharing=sharing)
 
-    idle, full = run(go(1.0)), run(go(12.0))
+    idle, full = on(1.0), on(12.0)
     assert idle.tokens == full.tokens == prompt + plain_greedy(model, prompt, 60)
     assert idle.gap.calls >= idle.counts.lone_passes - 1 > 20  # the last has no room left
     assert full.gap.calls <= full.counts.lone_passes // (EXPLORE * 12) + 1
@@ -246,27 +246,14 @@ def test_coupled_sessions_get_the_drafters_coupled_picks(gap, tiny_pair):
     the session decides with no proposals at all. (Not every one: the copy proposes one
     token per forward, the target scores several per pass, and float32 sums in another
     order can flip a near tie of the Gumbel-max; CI saw 16 of 18.)"""
-    from acespec.cloud.verify.engine import Engine, Limits
-
-    from verifier_harness import run
+    from acespec.cloud.verify.gap import WARMUP, Ledger
 
     tok_dir, model, _ = tiny_pair
     vocab, prompt = Tokenizer.load(tok_dir).vocab_hash(), [1, 5, 9, 14]
-
-    from acespec.cloud.verify.gap import WARMUP, Ledger
-
     gap._time_step = lambda seconds: None  # steps counted free: the depth asks for them all
     gap.ledger = Ledger(calls=WARMUP, earned_s=1e6)  # and the ledger asks in every lone pass
-
-    async def go(propose: int):
-        eng = Engine(model, vocab, "t", Limits(propose=propose), gap=gap if propose else None)
-        eng.depth.cost = flat_cost()
-        _, s, _ = await eng.open_decided(prompt, COUPLED, 7, 30, [])
-        while not s.done:
-            await eng.decided_pass(s)
-        return s
-
-    plain, s = run(go(0)), run(go(4))
+    plain = decide(model, vocab, prompt, COUPLED, 7, 30, propose=0)
+    s = decide(model, vocab, prompt, COUPLED, 7, 30, propose=4, gap=gap)
     assert s.tokens == plain.tokens
     assert s.counts.gap_s > 0 and s.counts.proposed > 0
     taken = s.counts.proposed_accepted / s.counts.proposed
