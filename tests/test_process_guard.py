@@ -3,8 +3,9 @@
 import os
 import subprocess
 import sys
+import time
 
-from process_guard import TAG, leftovers
+from process_guard import TAG, leftovers, tagged
 
 
 def _start(value: str, seconds: float) -> subprocess.Popen:
@@ -12,8 +13,18 @@ def _start(value: str, seconds: float) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"], env=env)
 
 
+def _visible(value: str, pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until the kernel shows `pid`'s new environment: Popen returns once exec has begun,
+    a moment before /proc/PID/environ points at the new process's strings."""
+    deadline = time.monotonic() + timeout_s
+    while pid not in tagged(value):
+        assert time.monotonic() < deadline, f"process {pid} never showed {TAG}={value}"
+        time.sleep(0.05)
+
+
 def test_a_process_left_running_is_named_and_killed():
     p = _start("guard-test-leak", 60)
+    _visible("guard-test-leak", p.pid)
     left = leftovers("guard-test-leak", grace_s=0.5)
     assert list(left) == [p.pid] and "time.sleep(60)" in left[p.pid]
     assert p.wait(timeout=5) == -9
