@@ -211,17 +211,8 @@ def run_bench_cli(args) -> int:
     import asyncio
     import json
 
-    from acespec.sim.bench import (
-        BENCH_MODES,
-        BenchConfig,
-        by_category,
-        markdown,
-        parse_links,
-        plot,
-        progress_bar,
-        run_bench,
-        summarize,
-    )
+    from acespec.sim.bench import BENCH_MODES, BenchConfig, parse_links, progress_bar, run_bench
+    from acespec.sim.bench_report import by_category, markdown, plot, summarize
 
     try:
         cfg = BenchConfig(links=parse_links(args.link), modes=tuple(args.modes.split(",")),
@@ -409,7 +400,7 @@ def _calibrate(args) -> int:
 def _sweep(args) -> int:
     import json
 
-    from acespec.sim.bench import markdown
+    from acespec.sim.bench_report import markdown
     from acespec.sim.calibrate import load_calibration
     from acespec.sim.des import ModelCosts
     from acespec.sim.stages import parse_rate, parse_time

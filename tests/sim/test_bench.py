@@ -11,15 +11,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 pytest.importorskip("matplotlib")
 
-from acespec.sim.bench import (  # noqa: E402
-    BenchConfig,
-    by_category,
-    load_prompts,
-    parse_links,
-    plot,
-    run_bench,
-    summarize,
-)
+from acespec.sim.bench import BenchConfig, load_prompts, parse_links, run_bench  # noqa: E402
+from acespec.sim.bench_report import by_category, plot, summarize  # noqa: E402
 
 KEYS = ("tokens_per_s", "ttft_s", "itl_p50_ms", "itl_p99_ms", "mean_acceptance_length",
         "cache_hit_rate", "wire_bytes_up_per_token", "wire_bytes_down_per_token",
