@@ -139,6 +139,16 @@ class DecidedSession:
         """D: the next position to decide."""
         return len(self.tokens)
 
+    def edge_on_path(self) -> bool:
+        """Whether the edge's latest chain is decided text to its last draft: the drafts it
+        has in flight then continue the decided text, and a lone pass only means the
+        verifier ran ahead of them. False before any draft, and after a miss until drafts
+        from the recovered token arrive (the round trip a proposer has to itself)."""
+        if not self.chain:
+            return False
+        last = self.nodes.get(self.chain[max(self.chain)])
+        return last is not None and last.state == MATCHED
+
     def pending(self) -> list[int]:
         """Tokens of the live nodes beyond the decided end, in id order."""
         return [self.nodes[i].token for i in self.live]
@@ -215,7 +225,10 @@ class DecidedSession:
             node.state = DEAD
         elif up == MATCHED and node.position < self.end:
             node.state = MATCHED if node.token == self.tokens[node.position] else DEAD
-            self.counts.drafts_reconciled += node.state == MATCHED and not node.scored
+            if node.state == MATCHED and not node.scored:
+                self.counts.drafts_reconciled += 1
+                if self.gap is not None:
+                    self.gap.brought(node.position)
         else:
             node.state = PENDING
         if node.state == PENDING:

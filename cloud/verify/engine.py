@@ -185,6 +185,9 @@ class Engine:
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
         """One forward pass of a decided session: (first position, decided tokens)."""
         tokens = session.plan_pass(lookup_proposals=False, budget=session.share.nodes())
+        if session.gap is not None and session.gap.refund_s:
+            self.gap.ledger.refund(session.gap.refund_s)
+            session.gap.refund_s = 0.0
         lone = await self._lone_proposals(session, len(tokens)) \
             if session.proposal_room else None
         if lone:
@@ -202,8 +205,8 @@ class Engine:
         self._report_share(session)
         if lone:  # a saved pass is worth the device's time for one (the session's wait
             # would count every draft step queued before it, the drafter's own included)
-            self._settle_proposals(lone, session.counts.proposed - before[0],
-                                   session.counts.proposed_accepted - before[1], new,
+            self._settle_proposals(session, lone, session.counts.proposed - before[0],
+                                   session.counts.proposed_accepted - before[1], start, new,
                                    self.batcher.cost.seconds(len(tokens)))
         keep = session.kept_slots()
         if keep == list(range(len(keep))):
@@ -212,14 +215,18 @@ class Engine:
             session.cache.retain(keep)  # the walked branch, compacted
         return start, new
 
-    def _settle_proposals(self, lone: Lone, proposed: int, accepted: int, new: list[int],
-                          pass_s: float) -> None:
+    def _settle_proposals(self, session: DecidedSession, lone: Lone, proposed: int,
+                          accepted: int, start: int, new: list[int], pass_s: float) -> None:
         """A lone pass's proposals were walked: the depth statistics, the gap drafter's
-        ledger (against lookup's counterfactual) and the metrics learn what they earned."""
+        ledger (against lookup's counterfactual; the edge's drafts, arriving later, may
+        take back part of it) and the metrics learn what they earned."""
         self.depth.settle(lone.order, proposed, accepted)
         if lone.gap_s is not None:  # the gap drafter was asked (fallen back to lookup, it
             # earned nothing: accepted is then lookup's own)
-            self.gap.ledger.settle(accepted, _agreeing(lone.lookup, new), pass_s, lone.gap_s)
+            baseline = _agreeing(lone.lookup, new)
+            self.gap.ledger.settle(accepted, baseline, pass_s, lone.gap_s)
+            if lone.source == "gap" and accepted > baseline:
+                session.gap.credit(start + baseline, accepted - baseline, pass_s)
         if self.metrics:
             self.metrics.on_proposals(lone.source, proposed, accepted, lone.gap_s or 0.0)
 
@@ -236,7 +243,10 @@ class Engine:
         looked, order = session.looked_up()  # lookup's: free, and the drafter's baseline
         lone = Lone("lookup", order, looked[:self.depth.depth(order, len(looked), fed)])
         sharing = self.sharing()
-        if session.gap is not None and self.gap.ledger.worth(sharing):
+        # While the edge's drafts in flight continue the decided text, the drafter would
+        # only propose what they bring a pass later; it fills the round trip after a miss.
+        if session.gap is not None and not session.edge_on_path() and \
+                self.gap.ledger.worth(sharing):
             # Each proposal costs a draft step besides its node, waited out by every
             # session sharing the device.
             k = self.depth.depth(0, session.proposal_room, fed, self.gap.step_s * sharing)

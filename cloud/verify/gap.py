@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -44,13 +44,39 @@ STEP_DECAY = 0.9  # per batch: a draft step's seconds, over the last ~10 batches
 Pick = Callable  # (logits [V] float32 numpy, position) -> the proposed token
 
 
+CREDIT_KEPT = 256  # positions behind the decided end whose credit an edge draft may take back
+
+
 @dataclass
 class GapState:
-    """One session's drafter cache: it holds the session's text [:fed]."""
+    """One session's drafter cache: it holds the session's text [:fed]. And what its
+    proposals were credited for, until an edge draft shows what they saved."""
 
     cache: KVCache
     fed: int = 0
     calls: int = 0
+    credited: dict[int, tuple[float, float]] = field(default_factory=dict)  # position ->
+    # (seconds credited, perf_counter when decided), for the positions its proposals decided
+    # beyond lookup's
+    refund_s: float = 0.0  # credit taken back, not yet returned to the ledger
+
+    def credit(self, first: int, n: int, seconds: float) -> None:
+        """Its proposals decided positions first..first+n-1 (beyond lookup's), each credited
+        `seconds` (a pass)."""
+        now = time.perf_counter()
+        for position in range(first, first + n):
+            self.credited[position] = (seconds, now)
+        for position in [p for p in self.credited if p < first - CREDIT_KEPT]:
+            del self.credited[position]
+
+    def brought(self, position: int) -> None:
+        """An edge draft brought the token already decided at `position`: had the drafter not
+        proposed it, the draft would have decided it, so the proposal saved at most the time
+        between its pass and the draft's arrival. The rest of its credit is taken back."""
+        got = self.credited.pop(position, None)
+        if got is not None:
+            seconds, at = got
+            self.refund_s += max(0.0, seconds - (time.perf_counter() - at))
 
 
 @dataclass
@@ -72,6 +98,10 @@ class Ledger:
         self.calls += 1
         self.earned_s = DECAY * self.earned_s + (accepted - baseline) * pass_s
         self.spent_s = DECAY * self.spent_s + spent_s
+
+    def refund(self, seconds: float) -> None:
+        """Take back credit its proposals did not earn (GapState.brought)."""
+        self.earned_s -= seconds
 
     def worth(self, sharing: float = 1.0) -> bool:
         """Ask the drafter in this lone pass? sharing: the sessions that share the device

@@ -261,3 +261,89 @@ def test_coupled_sessions_get_the_drafters_coupled_picks(gap, tiny_pair):
     greedy = np.mean([plain_greedy(model, s.tokens[:p], 1)[0] == s.tokens[p] for p in decided])
     assert taken >= 0.8 and taken > greedy + 0.3, (vars(s.counts), greedy)
     assert s.counts.passes < plain.counts.passes
+
+
+def test_the_drafter_waits_while_the_edges_drafts_continue_the_text(gap, tiny_pair):
+    """Hybrid drafting, one session: while the edge's latest draft was right (its drafts in
+    flight continue the decided text) a lone pass leaves proposals to prompt lookup; after
+    a miss, until the edge's drafts from the recovered token arrive, the drafter proposes;
+    and the text is the target's greedy text."""
+    from acespec.cloud.verify.engine import Engine, Limits
+    from acespec.cloud.verify.gap import WARMUP, Ledger
+
+    from verifier_harness import run
+
+    tok_dir, model, _ = tiny_pair
+    prompt = [1, 5, 9, 14]
+    greedy = plain_greedy(model, prompt, 40)
+    gap.ledger = Ledger(calls=WARMUP, earned_s=5.0, spent_s=1.0)  # it pays: only sync decides
+
+    async def go():
+        eng = Engine(model, Tokenizer.load(tok_dir).vocab_hash(), "t", Limits(propose=4),
+                     gap=gap)
+        eng.depth.cost = flat_cost()
+        _, s, _ = await eng.open_decided(prompt, GREEDY, 0, 40, [])
+        assert not s.edge_on_path()  # no draft yet
+        s.apply_drafts(s.end, 0, greedy[1:5])  # right: all taken, plus the bonus
+        await eng.decided_pass(s)
+        assert s.edge_on_path() and s.gap.calls == 0
+        await eng.decided_pass(s)  # lone, ahead of the edge: lookup's
+        calls = [s.gap.calls]
+        wrong = (greedy[len(s.tokens) - len(prompt)] + 1) % model.args.vocab_size
+        s.apply_drafts(s.end, 0, [wrong])  # a miss
+        await eng.decided_pass(s)
+        assert not s.edge_on_path()
+        await eng.decided_pass(s)  # lone, in the round trip after the miss: the drafter's
+        calls.append(s.gap.calls)
+        s.apply_drafts(s.end, 0, greedy[len(s.tokens) - len(prompt):][:3])  # back in step
+        await eng.decided_pass(s)
+        await eng.decided_pass(s)
+        calls.append(s.gap.calls)
+        while not s.done:
+            await eng.decided_pass(s)
+        return s, calls
+
+    s, calls = run(go())
+    assert calls == [0, 1, 1]
+    assert s.tokens == prompt + greedy
+
+
+def test_an_edge_draft_that_brings_a_proposed_token_takes_back_its_credit(gap, tiny_pair):
+    """The ledger credits a pass (here scripted at 5 s) for each token the drafter's
+    proposals decided beyond lookup's; when the edge's drafts for those positions arrive
+    moments later, the proposals saved only those moments, and the next pass hands the rest
+    back to the ledger."""
+    from acespec.cloud.verify.engine import Engine, Limits
+    from acespec.cloud.verify.gap import WARMUP, Ledger
+    from acespec.cloud.verify.proposals import PassCost
+
+    from verifier_harness import run
+
+    class Slow(PassCost):
+        def seconds(self, tokens: int) -> float:
+            return 5.0
+
+    tok_dir, model, _ = tiny_pair
+    prompt = [1, 5, 9, 14]
+    greedy = plain_greedy(model, prompt, 30)
+    gap.ledger = Ledger(calls=WARMUP, earned_s=50.0, spent_s=1.0)
+
+    async def go():
+        eng = Engine(model, Tokenizer.load(tok_dir).vocab_hash(), "t", Limits(propose=4),
+                     gap=gap)
+        eng.depth.cost, eng.batcher.cost = flat_cost(), Slow()
+        _, s, _ = await eng.open_decided(prompt, GREEDY, 0, 30, [])
+        await eng.decided_pass(s)  # lone, no edge yet: the drafter's, all taken
+        credited = dict(s.gap.credited)
+        assert credited and s.gap.refund_s == 0
+        s.apply_drafts(len(prompt) + 1, 0, greedy[1:len(s.tokens) - len(prompt)])
+        refund = s.gap.refund_s
+        assert refund > 4.0 * len(credited) and not s.gap.credited
+        earned, calls = gap.ledger.earned_s, s.gap.calls
+        await eng.decided_pass(s)  # the edge is on the path: no call, the refund returned
+        assert s.gap.calls == calls and s.gap.refund_s == 0
+        assert gap.ledger.earned_s == pytest.approx(earned - refund)
+        return s
+
+    s = run(go())
+    assert s.tokens[:len(prompt) + 5] == (prompt + greedy)[:len(prompt) + 5]
