@@ -185,9 +185,6 @@ class Engine:
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
         """One forward pass of a decided session: (first position, decided tokens)."""
         tokens = session.plan_pass(lookup_proposals=False, budget=session.share.nodes())
-        if session.gap is not None and session.gap.refund_s:
-            self.gap.ledger.refund(session.gap.refund_s)
-            session.gap.refund_s = 0.0
         lone = await self._lone_proposals(session, len(tokens)) \
             if session.proposal_room else None
         if lone:

@@ -48,38 +48,6 @@ CREDIT_KEPT = 256  # positions behind the decided end whose credit an edge draft
 
 
 @dataclass
-class GapState:
-    """One session's drafter cache: it holds the session's text [:fed]. And what its
-    proposals were credited for, until an edge draft shows what they saved."""
-
-    cache: KVCache
-    fed: int = 0
-    calls: int = 0
-    credited: dict[int, tuple[float, float]] = field(default_factory=dict)  # position ->
-    # (seconds credited, perf_counter when decided), for the positions its proposals decided
-    # beyond lookup's
-    refund_s: float = 0.0  # credit taken back, not yet returned to the ledger
-
-    def credit(self, first: int, n: int, seconds: float) -> None:
-        """Its proposals decided positions first..first+n-1 (beyond lookup's), each credited
-        `seconds` (a pass)."""
-        now = time.perf_counter()
-        for position in range(first, first + n):
-            self.credited[position] = (seconds, now)
-        for position in [p for p in self.credited if p < first - CREDIT_KEPT]:
-            del self.credited[position]
-
-    def brought(self, position: int) -> None:
-        """An edge draft brought the token already decided at `position`: had the drafter not
-        proposed it, the draft would have decided it, so the proposal saved at most the time
-        between its pass and the draft's arrival. The rest of its credit is taken back."""
-        got = self.credited.pop(position, None)
-        if got is not None:
-            seconds, at = got
-            self.refund_s += max(0.0, seconds - (time.perf_counter() - at))
-
-
-@dataclass
 class Ledger:
     """What the drafter has earned and spent, over all sessions (one drafter, one target,
     one kind of traffic), recent calls weighing most. Earned: its accepted proposals beyond
@@ -119,6 +87,38 @@ class Ledger:
             self.skipped = 0
             return True
         return False
+
+
+@dataclass
+class GapState:
+    """One session's drafter cache: it holds the session's text [:fed]. And what its
+    proposals were credited for, until an edge draft shows what they saved."""
+
+    cache: KVCache
+    ledger: Ledger  # the drafter's, which an unearned credit goes back to
+    fed: int = 0
+    calls: int = 0
+    credited: dict[int, tuple[float, float]] = field(default_factory=dict)  # position ->
+    # (seconds credited, perf_counter when decided), for the positions its proposals decided
+    # beyond lookup's
+
+    def credit(self, first: int, n: int, seconds: float) -> None:
+        """Its proposals decided positions first..first+n-1 (beyond lookup's), each credited
+        `seconds` (a pass)."""
+        now = time.perf_counter()
+        for position in range(first, first + n):
+            self.credited[position] = (seconds, now)
+        for position in [p for p in self.credited if p < first - CREDIT_KEPT]:
+            del self.credited[position]
+
+    def brought(self, position: int) -> None:
+        """An edge draft brought the token already decided at `position`: had the drafter not
+        proposed it, the draft would have decided it, so the proposal saved at most the time
+        between its pass and the draft's arrival. The rest of its credit goes back to the ledger."""
+        got = self.credited.pop(position, None)
+        if got is not None:
+            seconds, at = got
+            self.ledger.refund(max(0.0, seconds - (time.perf_counter() - at)))
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,7 @@ class GapDrafter:
         return cls(model, path.name, emulation)
 
     def open(self) -> GapState:
-        return GapState(self.model.new_cache(256))
+        return GapState(self.model.new_cache(256), self.ledger)
 
     def propose(self, state: GapState, text: Sequence[int], k: int,
                 pick: Pick | None = None) -> list[int]:
