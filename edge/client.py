@@ -130,6 +130,7 @@ class CloudSession:
         self.owed_since: float | None = None
         self.wait_s = 0.0  # running mean of how long an owed message took to come, seconds
         self._half_closed = False
+        self._early: list[pb.Downlink] = []  # read by open_decided: the first Decided
 
     async def _write(self, msg: pb.Uplink) -> None:
         self.bytes_up += msg.ByteSize() + FRAMING
@@ -179,15 +180,25 @@ class CloudSession:
             prompt_tokens=list(map(int, prompt)), sampling=encode_serve_params(params),
             seed=seed, decide=pb.Decide(max_tokens=max_tokens, stop_tokens=list(stop),
                                         no_gap=not gap, logprobs=logprobs is not None,
-                                        top_logprobs=logprobs or 0))))
-        opened = (await self._read()).opened
-        self.session_id, self.model_id = opened.session_id, opened.model_id
+                                        top_logprobs=logprobs or 0,
+                                        first_before_opened=True))))
+        msg = await self._read()
+        if msg.WhichOneof("msg") == "decided":  # the first token, ahead of Opened: the
+            # verifier decides, grows and serves the sampling asked (Opened comes later)
+            self._early.append(msg)
+            self.grows, self.next_id = True, 0
+            return None
+        opened = msg.opened
+        self._take_opened(opened)
         self.max_live_nodes, self.next_id = opened.max_live_nodes, 1
         self.grows = opened.grows
         if opened.decides:
             self.next_id = 0  # Grow node ids count from 0
         self._check_coupled(params, opened)
         return None if opened.decides else decode_scores(opened.root)[0]
+
+    def _take_opened(self, opened: pb.Opened) -> None:
+        self.session_id, self.model_id = opened.session_id, opened.model_id
 
     @staticmethod
     def _check_coupled(params: ServeParams, opened: pb.Opened) -> None:
@@ -230,6 +241,10 @@ class CloudSession:
         """The next downlink message: node scores, tail samples, or decided tokens."""
         msg = await self._read()
         kind = msg.WhichOneof("msg")
+        if kind == "opened":  # a decided session's, after its first token
+            self._take_opened(msg.opened)
+            msg = await self._read()
+            kind = msg.WhichOneof("msg")
         if kind == "decided":
             d = msg.decided
             if d.done:
@@ -245,6 +260,8 @@ class CloudSession:
         return decode_scores(msg.scores)
 
     async def _read(self) -> pb.Downlink:
+        if self._early:  # read ahead by open_decided, counted then
+            return self._early.pop(0)
         msg = await self._call.read()
         if msg is grpc.aio.EOF:
             raise ConnectionError("verifier closed the session stream")

@@ -61,18 +61,20 @@ class Open(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., vocab_hash: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., seed: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., decide: _Optional[_Union[Decide, _Mapping]] = ...) -> None: ...
 
 class Decide(_message.Message):
-    __slots__ = ("max_tokens", "stop_tokens", "no_gap", "logprobs", "top_logprobs")
+    __slots__ = ("max_tokens", "stop_tokens", "no_gap", "logprobs", "top_logprobs", "first_before_opened")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NO_GAP_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_BEFORE_OPENED_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     stop_tokens: _containers.RepeatedScalarFieldContainer[int]
     no_gap: bool
     logprobs: bool
     top_logprobs: int
-    def __init__(self, max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., no_gap: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    first_before_opened: bool
+    def __init__(self, max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., no_gap: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., first_before_opened: _Optional[bool] = ...) -> None: ...
 
 class Drafts(_message.Message):
     __slots__ = ("position", "behind", "tokens")

@@ -202,8 +202,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             raise FailedPrecondition(f"{first.WhichOneof('msg') or 'empty message'} "
                                      "before Open: the first message must be Open")
         if first.open.HasField("decide"):
-            session = await self._open_decided(first.open, context, opened)
-            await self._decided_loop(session, context)
+            session, opened_later = await self._open_decided(first.open, context, opened)
+            await self._decided_loop(session, context, opened_later)
             return
         session = await self._open(first.open, context, opened)
         await self._loop(session, context)
@@ -238,31 +238,46 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         opened.append(session_id)
         if self.engine.metrics:
             self.engine.metrics.sessions_opened.inc()
-        await self._write(context, pb.Downlink(opened=pb.Opened(
+        opened_msg = pb.Downlink(opened=pb.Opened(
             session_id=session_id, model_id=self.engine.model_id,
             vocab_hash=self.engine.vocab_hash, k_max=params.k_max,
             coupled=params.sampling.coupled, decides=True, grows=True,
-            gap=session.gap is not None)))
-        await self._write(context, pb.Downlink(decided=self._decided(
-            session, session.prompt_len, first)))
-        return session
+            gap=session.gap is not None))
+        first_msg = pb.Downlink(decided=self._decided(session, session.prompt_len, first))
+        if msg.decide.first_before_opened:  # the first token goes alone, Opened with the next
+            await self._write(context, first_msg)
+            return session, opened_msg
+        await self._write(context, opened_msg)
+        await self._write(context, first_msg)
+        return session, None
 
-    async def _decided_loop(self, session, context) -> None:
+    async def _decided_loop(self, session, context, opened: pb.Downlink | None = None
+                            ) -> None:
         """The verifier decides (docs/design.md §3): pass after pass, never waiting for the link;
         Drafts that arrived meanwhile are applied before each pass. Ends when the session
-        is done (its last Decided carries the counts) or the edge half-closes."""
+        is done (its last Decided carries the counts) or the edge half-closes. opened: the
+        session's Opened, still to send (before the next Decided)."""
         inbox: asyncio.Queue = asyncio.Queue(INBOX)
         reader = asyncio.create_task(self._read_ahead(context, inbox))
+
+        async def send(msg: pb.Decided) -> None:
+            nonlocal opened
+            if opened is not None:
+                await self._write(context, opened)
+                opened = None
+            await self._write(context, pb.Downlink(decided=msg))
+
         try:
+            if session.done and opened is not None:
+                await self._write(context, opened)  # the first token was the last
             while not session.done:
                 if self._apply_uplink(session, inbox):  # the edge has what it needs
-                    await self._write(context, pb.Downlink(decided=self._decided(
-                        session, session.end, [], last=True)))
+                    await send(self._decided(session, session.end, [], last=True))
                     return
                 start, new = await self.engine.decided_pass(session)
                 msg = self._decided(session, start, new)
                 _ack(msg, session)
-                await self._write(context, pb.Downlink(decided=msg))
+                await send(msg)
             await self._until_half_close(inbox)
         finally:
             reader.cancel()

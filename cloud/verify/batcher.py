@@ -146,6 +146,12 @@ class Batcher:
         self._arrived.set()
         return await job.fut
 
+    def forget(self, key: KVCache) -> None:
+        """A sequence that will not be scored again (its session done or closed): a prompt's
+        prefill no longer yields to it, nor a pass waits for it to come back."""
+        for times in (self._recent, self._resolved, self._gap):
+            times.pop(key, None)
+
     async def _worker(self) -> None:
         loop = asyncio.get_running_loop()
         while True:

@@ -198,6 +198,8 @@ class Engine:
         pass_s = time.perf_counter() - t0  # what one pass saved is worth
         self.depth.cost.observe(len(tokens), pass_s)
         start, new = session.finish_pass(logits.cpu().numpy(), pass_s)
+        if session.done:  # lingering for the edge's last drafts, it is scored no more
+            self.batcher.forget(session.cache)
         session.share.settle(len(tokens) - 1, len(session.walked))
         self._report_share(session)
         if lone:  # a saved pass is worth the device's time for one (the session's wait
@@ -304,6 +306,7 @@ class Engine:
         session = self.sessions.pop(session_id, None)
         if session is not None:
             self._ids.pop(id(session), None)
+            self.batcher.forget(session.cache)
             if self.metrics:
                 self.metrics.drop_share(session_id)
 

@@ -146,6 +146,28 @@ def test_a_prompt_alone_goes_in_large_chunks(tiny_pair):
     assert len(stats) == 1  # 300 tokens fit in PREFILL_ALONE_S at 40 ms + 0.5 ms/node
 
 
+def test_a_prompt_does_not_yield_to_a_finished_session(tiny_pair):
+    """A session that decoded a moment ago counts as decoding (a prompt beside it goes in
+    chunks) until it is done or closed: forgotten, it no longer slows the next prompt."""
+    _, model, _ = tiny_pair
+    prompt = list(range(1, 301))
+    finished = model.new_cache()
+
+    async def go(forget: bool):
+        b = _batcher(model)
+        await b.score(Request([1, 2, 3], finished, None, last_only=True))
+        await b.score(Request([5], finished))  # it decoded just now
+        if forget:
+            b.forget(finished)
+        b.stats.clear()
+        await b.score(Request(prompt, model.new_cache(), None, last_only=True))
+        await b.close()
+        return [s.prefill for s in b.stats]
+
+    assert len(run(go(forget=False))) > 1  # beside a recent decode: chunked
+    assert run(go(forget=True)) == [len(prompt)]  # alone: one pass
+
+
 def test_a_tree_request_scored_by_its_grant_equals_it_scored_whole(tiny_pair):
     """A 60-node tree under a 4-node grant: 15 passes, each with at most 4 of its nodes, and
     the same logits as one pass (parents are slots, so later chunks see earlier ones)."""

@@ -231,3 +231,62 @@ def test_extends_queued_while_busy_share_one_forward_pass(target):
     for x, y in zip(pipelined, apart):
         assert x.node_id == y.node_id and np.array_equal(x.units, y.units)
         assert x.self_units == y.self_units and np.array_equal(x.tail_ids, y.tail_ids)
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_the_first_token_goes_ahead_of_opened_when_the_edge_takes_it(target, early):
+    """Asked (Decide.first_before_opened), the verifier sends the first Decided alone and
+    Opened just before the next one, so on a slow link the first token does not wait behind
+    Opened's bytes; not asked, Opened comes first, as an edge that does not know the field
+    reads it. The decided text is the same either way."""
+    from acespec.proto import acespec_pb2 as pb
+
+    model, vh, prompt = target
+
+    async def go():
+        async with running_verifier(model, vh) as (_, addr), channel(addr) as ch:
+            call = ch.stream_stream("/acespec.v1.Verifier/Session",
+                                    request_serializer=pb.Uplink.SerializeToString,
+                                    response_deserializer=pb.Downlink.FromString)()
+            await call.write(pb.Uplink(open=pb.Open(
+                protocol_version=1, vocab_hash=vh, prompt_tokens=prompt,
+                decide=pb.Decide(max_tokens=4, first_before_opened=early))))
+            kinds, tokens = [], []
+            async for msg in call:
+                kinds.append(msg.WhichOneof("msg"))
+                if msg.HasField("opened"):
+                    assert msg.opened.decides and msg.opened.session_id
+                if msg.HasField("decided"):
+                    tokens += list(msg.decided.tokens)
+                    if msg.decided.done:
+                        break
+            await call.done_writing()
+            return kinds, tokens
+
+    kinds, tokens = run(go())
+    first = ["decided", "opened", "decided"] if early else ["opened", "decided", "decided"]
+    assert kinds[:3] == first and kinds.count("opened") == 1
+    assert tokens == plain_greedy(model, prompt, 4)
+
+
+def test_the_edge_reads_its_first_token_before_opened(target):
+    """The edge's client asks for the first token ahead of Opened: open_decided returns on
+    it, the session's id arrives with the next message, and the tokens are the target's."""
+    model, vh, prompt = target
+
+    async def go():
+        async with running_verifier(model, vh) as (_, addr), channel(addr) as ch:
+            sess = CloudSession(ch)
+            assert await sess.open_decided(prompt, GREEDY, 0, vh, 5, []) is None
+            assert sess.session_id == "" and sess.grows
+            tokens = []
+            while True:
+                d = await sess.recv()
+                tokens += d.tokens
+                if d.done:
+                    break
+            await sess.done_writing()
+            return tokens, sess.session_id
+
+    tokens, session_id = run(go())
+    assert tokens == plain_greedy(model, prompt, 5) and session_id
