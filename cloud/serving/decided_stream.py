@@ -1,0 +1,149 @@
+"""The decided-session half of the Session stream (docs/design.md §3): the verifier decides
+pass after pass, applies the edge's Drafts and Grow messages before each pass, and sends a
+Decided per pass. A mixin of the servicer (acespec.cloud.serving.servicer), whose reading,
+writing and error mapping it uses."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import grpc
+
+from acespec.cloud.errors import FailedPrecondition
+from acespec.proto import acespec_pb2 as pb
+from acespec.proto.codec import (
+    check_top_logprobs,
+    decode_drafts,
+    decode_grow,
+    decode_serve_params,
+    encode_counts,
+    encode_logprobs,
+)
+
+INBOX = 64  # uplink messages read ahead of the session loop; then the client is pushed back
+
+
+def _ack(msg: pb.Decided, session) -> None:
+    """Stamp a Decided with the uplink messages applied so far and how long the last of
+    them has been here (the decided sessions' counterpart of Scores.server_time)."""
+    if session.acked:
+        msg.acked = session.acked
+        msg.held_us = min(2**32 - 1, round((time.perf_counter() - session.acked_at) * 1e6))
+
+
+class DecidedStreams:
+    """Decided sessions on the Session stream; the servicer provides engine, default_params,
+    _write and _read_ahead."""
+
+    async def _open_decided(self, msg: pb.Open, context, opened: list[str]):
+        self.engine.check_handshake(msg.protocol_version, msg.vocab_hash)
+        if not msg.vocab_hash:
+            raise FailedPrecondition("Open.vocab_hash is required")
+        params = decode_serve_params(msg.sampling, self.default_params)
+        session_id, session, first = await self.engine.open_decided(
+            list(msg.prompt_tokens), params, msg.seed, msg.decide.max_tokens,
+            list(msg.decide.stop_tokens), gap=not msg.decide.no_gap,
+            logprobs=check_top_logprobs(msg.decide.logprobs, msg.decide.top_logprobs,
+                                        "Decide"))
+        opened.append(session_id)
+        if self.engine.metrics:
+            self.engine.metrics.sessions_opened.inc()
+        opened_msg = pb.Downlink(opened=pb.Opened(
+            session_id=session_id, model_id=self.engine.model_id,
+            vocab_hash=self.engine.vocab_hash, k_max=params.k_max,
+            coupled=params.sampling.coupled, decides=True, grows=True,
+            gap=session.gap is not None))
+        first_msg = pb.Downlink(decided=self._decided(session, session.prompt_len, first))
+        if msg.decide.first_before_opened:  # the first token goes alone, Opened with the next
+            await self._write(context, first_msg)
+            return session, opened_msg
+        await self._write(context, opened_msg)
+        await self._write(context, first_msg)
+        return session, None
+
+    async def _decided_loop(self, session, context, opened: pb.Downlink | None = None
+                            ) -> None:
+        """The verifier decides (docs/design.md §3): pass after pass, never waiting for the link;
+        Drafts that arrived meanwhile are applied before each pass. Ends when the session
+        is done (its last Decided carries the counts) or the edge half-closes. opened: the
+        session's Opened, still to send (before the next Decided)."""
+        inbox: asyncio.Queue = asyncio.Queue(INBOX)
+        reader = asyncio.create_task(self._read_ahead(context, inbox))
+
+        async def send(msg: pb.Decided) -> None:
+            nonlocal opened
+            if opened is not None:
+                await self._write(context, opened)
+                opened = None
+            await self._write(context, pb.Downlink(decided=msg))
+
+        try:
+            if session.done and opened is not None:
+                await self._write(context, opened)  # the first token was the last
+            while not session.done:
+                if self._apply_uplink(session, inbox):  # the edge has what it needs
+                    await send(self._decided(session, session.end, [], last=True))
+                    return
+                start, new = await self.engine.decided_pass(session)
+                msg = self._decided(session, start, new)
+                _ack(msg, session)
+                await send(msg)
+            await self._until_half_close(inbox)
+        finally:
+            reader.cancel()
+
+    @staticmethod
+    async def _until_half_close(inbox: asyncio.Queue, linger_s: float = 10.0) -> None:
+        """The session is done, but the edge may still be writing drafts it made before it
+        read the last Decided: keep the stream open (drafts ignored) until it half-closes,
+        so its writes never meet an ended stream (which it would take for a lost one)."""
+        async def drain() -> None:
+            while True:
+                item = await inbox.get()
+                msg = item[0] if isinstance(item, tuple) else item
+                if msg is grpc.aio.EOF or isinstance(msg, Exception):
+                    return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(drain(), linger_s)
+
+    @staticmethod
+    def _decided(session, start: int, tokens: list[int], last: bool = False) -> pb.Decided:
+        """What a pass decided, with the target's logprobs where the session asked; the
+        session's last message (done, or `last`) carries the verifier's account of it."""
+        msg = pb.Decided(position=start, tokens=tokens, passes=session.counts.passes)
+        if session.logprobs is not None:  # (those of the last pass, when it sends its tokens)
+            msg.logprobs.CopyFrom(encode_logprobs(session.last_logprobs if tokens else []))
+        if session.done or last:
+            msg.done = True
+            msg.counts.CopyFrom(encode_counts(session.counts, time.perf_counter()))
+        return msg
+
+    def _apply_uplink(self, session, inbox: asyncio.Queue) -> bool:
+        """Apply queued uplink messages of a decided session, about one pending-limit's worth
+        of nodes per pass (what is left waits for the next one: a session that floods its
+        uplink gets no more of the event loop per pass than one that does not); True at the
+        edge's EOF."""
+        budget = session.limits.max_pending
+        while not inbox.empty() and budget > 0:
+            item = inbox.get_nowait()
+            msg, arrived = item if isinstance(item, tuple) else (item, None)
+            if isinstance(msg, Exception):
+                raise msg
+            if msg is grpc.aio.EOF:
+                return True
+            session.acked, session.acked_at = session.acked + 1, arrived
+            kind = msg.WhichOneof("msg")
+            if kind == "grow":
+                g = decode_grow(msg.grow, session.next_id)
+                session.apply_grow(g.anchor, g.parents, g.tokens)
+                budget -= len(g.tokens)
+                continue
+            if kind != "drafts":
+                raise FailedPrecondition(f"{kind or 'empty message'} in a session the verifier "
+                                         "decides: send Drafts or Grow")
+            d = decode_drafts(msg.drafts)
+            session.apply_drafts(d.position, d.behind, d.tokens)
+            budget -= len(d.tokens) + 1
+        return False
