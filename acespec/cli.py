@@ -150,7 +150,8 @@ def _add_edge(sub) -> None:
 
 
 def _add_sim(sub) -> None:
-    from acespec.sim.cli import add_bench_parser, add_parser
+    from acespec.sim.bench_cli import add_bench_parser
+    from acespec.sim.cli import add_parser
 
     add_parser(sub)
     add_bench_parser(sub)

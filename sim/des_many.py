@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from acespec.cloud.verify.proposals import worth_depth
-from acespec.sim.des import ModelCosts, Scenario, _DecidingVerifier, _DraftingEdge
+from acespec.sim.des import ModelCosts, Scenario
+from acespec.sim.des_decided import DecidingVerifier, DraftingEdge
 from acespec.sim.stages import Chunk, LinkSpec
 
 MANY_MODES = ("ar", "acespec", "colo", "cloud-lookup")
@@ -69,8 +70,8 @@ def simulate_many(mode: str, clients: int, link: LinkSpec, fleet: Fleet, costs: 
         sc = scenario(mode, link, fleet, costs, seed * 1000 + i)
         up, down = link.build(sc.seed)
         opened = up(Chunk(int(costs.up_base), 0.0)).t
-        v = _DecidingVerifier(sc, costs, down, opened)
-        e = _DraftingEdge(sc, costs, up, np.random.default_rng(sc.seed),
+        v = DecidingVerifier(sc, costs, down, opened)
+        e = DraftingEdge(sc, costs, up, np.random.default_rng(sc.seed),
                           down(Chunk(int(costs.down_base), opened)).t)
         pairs.append((v, e))
     device, busy, nodes_total = 0.0, 0.0, 0

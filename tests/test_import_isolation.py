@@ -53,7 +53,8 @@ def test_subpackage_imports_without(sub, blocked, some):
 
 
 CLI_MODULES = {"acespec.cli", "acespec.cli_generate", "acespec.demo", "acespec.edge.cli",
-               "acespec.cloud.cli", "acespec.sim.cli", "acespec.cloud.__main__"}
+               "acespec.cloud.cli", "acespec.sim.cli", "acespec.sim.bench_cli",
+               "acespec.cloud.__main__"}
 
 LIBRARY_SCRIPT = """
 import importlib, pkgutil, sys
