@@ -11,7 +11,6 @@ import ctypes
 import functools
 import logging
 import os
-import re
 import threading
 import time
 import warnings
@@ -22,16 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from acespec.edge.drafting.base import Draft, draw
+from acespec.edge.drafting.llama_lib import DrafterError, load_model, silence, tokenize
 from acespec.shared.config import SamplingParams
 from acespec.shared.grammar import Cursor
 from acespec.shared.sampling import transform
 from acespec.shared.shaping import shape
-from acespec.shared.tokenizer import ModelFileError, vocab_hash
+from acespec.shared.tokenizer import vocab_hash
 
 log = logging.getLogger(__name__)
-_LOG_CALLBACK = None  # keeps the ctypes log callback alive for the process
-_GGML_LOG_ERROR = 4  # ggml's GGML_LOG_LEVEL_ERROR
-_ERRORS: list[str] = []  # llama.cpp's last error lines, kept while its log is silenced
 
 
 @dataclass(frozen=True)
@@ -49,15 +46,6 @@ class LlamaDrafterConfig:
     emulate_per_token_ms: float = 0.0
 
 
-class DrafterError(RuntimeError):
-    """llama.cpp refused a model file or a decode call."""
-
-
-class DrafterFileError(DrafterError, ModelFileError):
-    """llama.cpp could not load a GGUF: the message names the file and says why, on one
-    line (a ModelFileError, so the commands print it and exit 2)."""
-
-
 def _locked(method):
     """Serialise a method that touches the llama.cpp context: the edge drafts in a worker
     thread (off its event loop) while other requests' tasks may manage their sequences."""
@@ -71,42 +59,6 @@ def _locked(method):
 def _softmax(logits: np.ndarray) -> np.ndarray:
     z = np.exp(logits - logits.max())
     return z / z.sum()
-
-
-def tokenize(ll, vocab, text: str, special: bool) -> list[int]:
-    """Token ids of `text` with a llama.cpp vocabulary (no BOS; control tokens parsed only
-    when `special`). DrafterError if llama.cpp fails."""
-    raw = text.encode("utf-8")
-    buf = (ll.llama_token * (len(raw) + 8))()
-    n = ll.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, special)
-    if n < 0:
-        raise DrafterError(f"tokenization of {len(raw)} bytes failed ({n})")
-    return list(buf[:n])
-
-
-def silence(llama_cpp) -> None:
-    """Route llama.cpp's log away from stderr, keeping its last error lines (`_ERRORS`) so a
-    failed load can say why."""
-    global _LOG_CALLBACK
-
-    def keep_errors(level, text, data):
-        if level == _GGML_LOG_ERROR:
-            _ERRORS.append(text.decode("utf-8", "replace").strip())
-            del _ERRORS[:-8]
-
-    if _LOG_CALLBACK is None:
-        _LOG_CALLBACK = llama_cpp.llama_log_callback(keep_errors)
-        llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
-
-
-def _load_failure(path: Path) -> DrafterFileError:
-    """Why llama.cpp just refused `path`: its first error line of the load, stripped of the
-    function names ('... tensor 'x' data is not within the file bounds, ...')."""
-    if path.stat().st_size == 0:
-        return DrafterFileError(f"{path}: empty file, not a GGUF model")
-    why = re.sub(r"^(?:\w+: |error loading model: )*", "", _ERRORS[0]) if _ERRORS else \
-        "not a GGUF model?"
-    return DrafterFileError(f"{path}: llama.cpp could not load it ({why})")
 
 
 class LlamaDrafter:
@@ -123,11 +75,7 @@ class LlamaDrafter:
         if config.quiet:
             silence(llama_cpp)
         llama_cpp.llama_backend_init()
-        mparams = llama_cpp.llama_model_default_params()
-        _ERRORS.clear()
-        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
-        if not self._model:
-            raise _load_failure(self.path)
+        self._model = load_model(llama_cpp, self.path)
         self._ctx = llama_cpp.llama_init_from_model(self._model, self._context_params())
         if not self._ctx:
             raise DrafterError(f"{self.path}: llama.cpp could not create a context "

@@ -39,7 +39,7 @@ class LlamaBatch:
                  n_batch: int = 512, threads: int = 1):
         import llama_cpp as ll
 
-        from acespec.edge.drafting.llama import silence
+        from acespec.edge.drafting.llama_lib import silence
 
         silence(ll)
         ll.llama_backend_init()
@@ -64,7 +64,7 @@ class LlamaBatch:
 
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         """llama.cpp's token ids for `text` (no BOS; special tokens parsed when `special`)."""
-        from acespec.edge.drafting.llama import tokenize
+        from acespec.edge.drafting.llama_lib import tokenize
 
         return tokenize(self._ll, self._vocab, text, special)
 
