@@ -204,6 +204,15 @@ class Meter:
                 if self.engine.metrics else 0.0
         return self._counter("acespec_nodes_scored_total")
 
+    def passes(self) -> tuple[float, float]:
+        """(passes so far, the requests they held, summed over the passes)."""
+        if self.engine is not None:
+            m = self.engine.metrics
+            return (float(m.passes._value.get()), float(m.batch_sessions._sum.get())) \
+                if m else (0.0, 0.0)
+        return (self._counter("acespec_passes_total"),
+                self._counter("acespec_batch_sessions_sum"))
+
 
 @contextlib.asynccontextmanager
 async def _verifier_in_process(cfg: BenchConfig, model_dir: str):

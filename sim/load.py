@@ -9,7 +9,8 @@ edge on the user's own device costs the server, and they run at a lower CPU prio
 (`edge_nice`), so that on a shared machine they take the CPU the verifier leaves rather than
 slowing it, as edges on their users' own devices would not. For each mode and N the bench
 reports what the users saw (per-client tokens/s p50 and p10, TTFT p50 and p90), what the server did
-(aggregate tokens/s, busy fraction, busy seconds and scored nodes per token), and at the end
+(aggregate tokens/s, busy fraction, busy seconds and scored nodes per token, passes a second
+and the requests a pass held), and at the end
 the goodput: the most clients whose p10 client still meets the SLO.
 
 Modes are the bench's: `ar` (cloud only), `acespec`, `acespec-gap` (acespec with the
@@ -74,8 +75,9 @@ class LoadConfig:
 # -- what the users saw: statistics and goodput --------------------------------------------
 
 def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: float,
-          nodes: float) -> dict:
-    """One (mode, N) row from its per-request records {client, tokens, seconds, ttft_s}."""
+          nodes: float, passes: tuple[float, float] = (0.0, 0.0)) -> dict:
+    """One (mode, N) row from its per-request records {client, tokens, seconds, ttft_s}.
+    passes: the verifier's passes in the run and the requests they held (summed)."""
     per_client = {}
     for r in records:
         tok, sec = per_client.get(r["client"], (0, 0.0))
@@ -90,6 +92,8 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
             "verifier_busy": round(min(1.0, busy_s / wall_s), 3) if wall_s > 0 else None,
             "verifier_s_per_1k_tokens": round(1000 * busy_s / max(1, tokens), 2),
             "nodes_per_token": round(nodes / max(1, tokens), 2),
+            "passes_per_s": round(passes[0] / wall_s, 1) if wall_s > 0 else None,
+            "requests_per_pass": round(passes[1] / passes[0], 2) if passes[0] else None,
             "tokens": tokens, "requests": len(records)}
 
 
@@ -160,7 +164,7 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
 
 KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
         "ttft_p90_s", "aggregate_tok_s", "verifier_busy", "verifier_s_per_1k_tokens",
-        "nodes_per_token")
+        "nodes_per_token", "passes_per_s", "requests_per_pass")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
                   "aggregate_tok_s", "verifier_busy", "nodes_per_token")
 
@@ -257,7 +261,7 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
         os.setpriority(os.PRIO_PROCESS, workers[-1].pid, cfg.edge_nice)
     while time.time() < start_at:
         time.sleep(0.01)
-    busy0, nodes0, t0 = meter.busy(), meter.nodes(), time.perf_counter()
+    busy0, nodes0, passes0, t0 = meter.busy(), meter.nodes(), meter.passes(), time.perf_counter()
     records = []
     for w in workers:
         out, err = w.communicate(timeout=1800)
@@ -266,8 +270,9 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
                                f"{err[-2000:]}")
         records += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     wall = max((r["end"] for r in records), default=start_at) - start_at
+    passes = tuple(b - a for a, b in zip(passes0, meter.passes()))
     return point(mode, n, records, wall or time.perf_counter() - t0, meter.busy() - busy0,
-                 meter.nodes() - nodes0)
+                 meter.nodes() - nodes0, passes)
 
 
 # -- one edge process: its clients as tasks -------------------------------------------------

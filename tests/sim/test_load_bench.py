@@ -22,13 +22,15 @@ def _records(rates: list[float], ttft: float = 0.3, tokens: int = 64) -> list[di
 def test_a_point_summarises_its_clients():
     recs = _records([10.0] * 9 + [2.0]) + [{"client": 0, "tokens": 64, "seconds": 6.4,
                                            "ttft_s": 3.0, "end": 0.0}]
-    row = point("acespec", 10, recs, wall_s=40.0, busy_s=30.0, nodes=1408)
+    row = point("acespec", 10, recs, wall_s=40.0, busy_s=30.0, nodes=1408,
+                passes=(800.0, 5600.0))
     assert row["per_client_tok_s_p50"] == 10.0
     assert row["per_client_tok_s_p10"] == pytest.approx(9.2)  # numpy's linear percentile
     assert row["tokens"] == 704 and row["aggregate_tok_s"] == 17.6
     assert row["verifier_busy"] == 0.75 and row["nodes_per_token"] == 2.0
     assert row["verifier_s_per_1k_tokens"] == round(1000 * 30 / 704, 2)
     assert row["ttft_p90_s"] == 0.3  # 10 of the 11 generations started in 0.3 s
+    assert row["passes_per_s"] == 20.0 and row["requests_per_pass"] == 7.0
 
 
 def test_goodput_is_the_most_clients_whose_p10_meets_the_slo():
@@ -94,6 +96,7 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
         assert r["requests"] == n and r["tokens"] == 12 * n, (mode, n)
         assert r["per_client_tok_s_p10"] > 0 and 0 < r["verifier_busy"] <= 1
         assert r["verifier_s_per_1k_tokens"] > 0 and r["nodes_per_token"] >= 1
+        assert r["passes_per_s"] > 0 and 1 <= r["requests_per_pass"] <= n  # a sequence each
     assert set(result["goodput"]) == {"ar", "acespec", "acespec-gap", "colo"}
     assert result["slo"]["per_client_tok_s"] == pytest.approx(
         1.3 * rows["ar", 1]["per_client_tok_s_p50"], rel=0.01)
