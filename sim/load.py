@@ -10,7 +10,8 @@ edge on the user's own device costs the server, and they run at a lower CPU prio
 slowing it, as edges on their users' own devices would not. For each mode and N the bench
 reports what the users saw (per-client tokens/s p50 and p10, TTFT p50 and p90), what the server did
 (aggregate tokens/s, busy fraction, busy seconds and scored nodes per token, passes a second
-and the requests a pass held), and at the end
+and the requests a pass held, the share of tokens decided in passes that held an edge draft),
+and at the end
 the goodput: the most clients whose p10 client still meets the SLO.
 
 Modes are the bench's: `ar` (cloud only), `acespec`, `acespec-gap` (acespec with the
@@ -76,8 +77,10 @@ class LoadConfig:
 
 def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: float,
           nodes: float, passes: tuple[float, float] = (0.0, 0.0)) -> dict:
-    """One (mode, N) row from its per-request records {client, tokens, seconds, ttft_s}.
-    passes: the verifier's passes in the run and the requests they held (summed)."""
+    """One (mode, N) row from its per-request records {client, tokens, seconds, ttft_s,
+    lone_tokens (decided with no edge draft: the first token and the lone passes')}. passes: the verifier's passes in the run and the requests they held
+    (summed). edge_pass_tokens: the share of tokens decided in passes that held an edge
+    draft (None where the verifier decides no session: ar)."""
     per_client = {}
     for r in records:
         tok, sec = per_client.get(r["client"], (0, 0.0))
@@ -85,6 +88,8 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     rates = [tok / sec for tok, sec in per_client.values() if sec > 0]
     ttft = [r["ttft_s"] for r in records if r.get("ttft_s") is not None]
     tokens = sum(r["tokens"] for r in records)
+    lone = [r.get("lone_tokens") for r in records]
+    edge = None if not records or None in lone else round(1 - sum(lone) / max(1, tokens), 2)
     return {"mode": mode, "clients": clients,
             "per_client_tok_s_p50": _pct(rates, 50), "per_client_tok_s_p10": _pct(rates, 10),
             "ttft_p50_s": _pct(ttft, 50, 3), "ttft_p90_s": _pct(ttft, 90, 3),
@@ -94,6 +99,7 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
             "nodes_per_token": round(nodes / max(1, tokens), 2),
             "passes_per_s": round(passes[0] / wall_s, 1) if wall_s > 0 else None,
             "requests_per_pass": round(passes[1] / passes[0], 2) if passes[0] else None,
+            "edge_pass_tokens": edge,
             "tokens": tokens, "requests": len(records)}
 
 
@@ -164,7 +170,7 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
 
 KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
         "ttft_p90_s", "aggregate_tok_s", "verifier_busy", "verifier_s_per_1k_tokens",
-        "nodes_per_token", "passes_per_s", "requests_per_pass")
+        "nodes_per_token", "passes_per_s", "requests_per_pass", "edge_pass_tokens")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
                   "aggregate_tok_s", "verifier_busy", "nodes_per_token")
 
@@ -317,12 +323,15 @@ async def _clients(job: dict) -> None:
                 prompt = prompts[(i + k * 7) % len(prompts)]
                 t0 = time.perf_counter()
                 _, stats = await engine.generate(prompt, ecfg, seq=seq, branch_seq=branches)
+                lone = stats.pass_figures()["lone_tokens"]  # + the first: the prompt's pass
                 drafter.drop(seq)
                 for b in branches:
                     drafter.drop(b)
                 print(json.dumps({"client": i, "tokens": stats.tokens,
                                   "seconds": time.perf_counter() - t0,
-                                  "ttft_s": stats.first_token_s, "end": time.time()}),
+                                  "ttft_s": stats.first_token_s, "end": time.time(),
+                                  "lone_tokens": None if lone is None
+                                  else lone + min(1, stats.tokens)}),
                       flush=True)
         finally:
             await ch.close()

@@ -31,6 +31,11 @@ def test_a_point_summarises_its_clients():
     assert row["verifier_s_per_1k_tokens"] == round(1000 * 30 / 704, 2)
     assert row["ttft_p90_s"] == 0.3  # 10 of the 11 generations started in 0.3 s
     assert row["passes_per_s"] == 20.0 and row["requests_per_pass"] == 7.0
+    assert row["edge_pass_tokens"] is None  # records without the verifier's account: ar's
+    for r in recs:
+        r["lone_tokens"] = 16
+    assert point("acespec", 10, recs, 40.0, 30.0, 1408)["edge_pass_tokens"] == \
+        round(1 - 16 * 11 / 704, 2)
 
 
 def test_goodput_is_the_most_clients_whose_p10_meets_the_slo():
@@ -97,6 +102,9 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
         assert r["per_client_tok_s_p10"] > 0 and 0 < r["verifier_busy"] <= 1
         assert r["verifier_s_per_1k_tokens"] > 0 and r["nodes_per_token"] >= 1
         assert r["passes_per_s"] > 0 and 1 <= r["requests_per_pass"] <= n  # a sequence each
+    assert rows["ar", 1]["edge_pass_tokens"] is None  # no session the verifier decides
+    assert rows["colo", 2]["edge_pass_tokens"] == 0.0  # its edges draft nothing
+    assert 0 <= rows["acespec", 1]["edge_pass_tokens"] <= 1
     assert set(result["goodput"]) == {"ar", "acespec", "acespec-gap", "colo"}
     assert result["slo"]["per_client_tok_s"] == pytest.approx(
         1.3 * rows["ar", 1]["per_client_tok_s_p50"], rel=0.01)
