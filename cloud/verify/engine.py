@@ -22,7 +22,8 @@ from acespec.cloud.errors import (
 )
 from acespec.cloud.target.model import Request, Transformer
 from acespec.cloud.verify.batcher import Batcher, StepEmulation
-from acespec.cloud.verify.decided import DecidedSession, DecideLimits, decide
+from acespec.cloud.verify.decide import DecideLimits, decide
+from acespec.cloud.verify.decided import DecidedSession
 from acespec.cloud.verify.gap import GapDrafter
 from acespec.cloud.verify.proposals import Depth
 from acespec.cloud.verify.session import TreeSession

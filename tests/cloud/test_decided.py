@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from acespec.cloud.errors import InvalidArgument
-from acespec.cloud.verify.decided import DecidedSession, DecideLimits, decide
+from acespec.cloud.verify.decide import DecideLimits, decide
+from acespec.cloud.verify.decided import DecidedSession
 from acespec.shared.config import SamplingParams
 from acespec.shared.served import ServeParams
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from acespec.cloud.errors import ResourceExhausted
-from acespec.cloud.verify.decided import HORIZON, ROOT, DecideLimits
+from acespec.cloud.verify.decide import DecideLimits
+from acespec.cloud.verify.decided import HORIZON, ROOT
 
 from test_decided import run_pass, session, target, truth
 

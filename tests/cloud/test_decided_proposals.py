@@ -10,7 +10,8 @@ import zlib
 import numpy as np
 import pytest
 
-from acespec.cloud.verify.decided import ROOT, DecidedSession, DecideLimits
+from acespec.cloud.verify.decide import DecideLimits
+from acespec.cloud.verify.decided import ROOT, DecidedSession
 from acespec.shared.config import SamplingParams
 from acespec.shared.served import ServeParams
 

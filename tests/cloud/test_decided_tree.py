@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from acespec.cloud.errors import InvalidArgument
-from acespec.cloud.verify.decided import PENDING, ROOT, DecidedSession, DecideLimits
+from acespec.cloud.verify.decide import DecideLimits
+from acespec.cloud.verify.decided import PENDING, ROOT, DecidedSession
 from acespec.shared.served import ServeParams
 
 from test_decided import V, check_counts, target, truth  # the same toy target

@@ -18,7 +18,8 @@ from acespec.cloud.verify.batcher import (  # noqa: E402
     PREFILL_SLACK,
     Batcher,
 )  # noqa: E402
-from acespec.cloud.verify.decided import DecidedSession, DecideLimits  # noqa: E402
+from acespec.cloud.verify.decide import DecideLimits  # noqa: E402
+from acespec.cloud.verify.decided import DecidedSession  # noqa: E402
 from acespec.cloud.verify.share import FLOOR, Share  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
 

@@ -39,7 +39,7 @@ def target(tiny_pair):
     text, the prompt's ids, the text of ids): the target alone deciding each token from one
     forward pass over what precedes it, by the verifier's own rule
     (acespec.cloud.verify.decided.decide)."""
-    from acespec.cloud.verify.decided import decide
+    from acespec.cloud.verify.decide import decide
     from acespec.edge.text import TextCodec
     from acespec.shared.tokenizer import Tokenizer
 

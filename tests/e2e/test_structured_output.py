@@ -79,7 +79,7 @@ def test_json_schema_answers_validate_and_are_the_constrained_targets(servers, t
 
 
 def test_the_answer_is_the_constrained_target_decoded_alone(servers, tiny_pair):
-    from acespec.cloud.verify.decided import decide
+    from acespec.cloud.verify.decide import decide
     from acespec.edge.api.structured import response_grammar
     from acespec.shared.config import SamplingParams
     from acespec.shared.grammar import Cursor, tokenizer_from_json
@@ -213,7 +213,7 @@ def test_masks_agree_between_the_drafters_vocabulary_and_the_targets(tiny_pair):
 def test_the_drafter_drafts_in_the_grammar_as_the_target_decides(tiny_pair):
     """The f32 drafter (the target's weights in llama.cpp) with the schema's grammar drafts
     the constrained target's greedy answer."""
-    from acespec.cloud.verify.decided import decide
+    from acespec.cloud.verify.decide import decide
     from acespec.edge.api.structured import response_grammar
     from acespec.edge.drafting.llama import LlamaDrafter
     from acespec.shared.config import SamplingParams
