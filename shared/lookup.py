@@ -22,13 +22,22 @@ def lookup_order(tokens: Sequence[int] | np.ndarray, k: int, min_n: int = 1, max
     """`lookup`'s tokens and the n of the n-gram they follow (0 when none occurs): a longer
     match is likelier to go on."""
     arr = np.asarray(tokens[-window:], dtype=np.int64)  # slice first: a session's list is long
-    n_max = min(max_n, len(arr) - 1)
+    last = len(arr) - 1
+    n_max = min(max_n, last)
+    if n_max < max(min_n, 1):
+        return [], 0
+    # Ends e (< last) of earlier occurrences of the final token, then how far back each goes
+    # on matching the text's tail: one pass over the text, then only over those candidates.
+    ends = np.flatnonzero(arr[:-1] == arr[-1])
+    length = np.ones(len(ends), np.int64)  # matched tail tokens at each end, up to n_max
+    alive = np.ones(len(ends), bool)
+    for j in range(1, n_max):
+        alive &= ends >= j
+        alive[alive] = arr[ends[alive] - j] == arr[last - j]
+        length += alive
     for n in range(n_max, min_n - 1, -1):
-        tail = arr[-n:]
-        # windows [L - n + 1, n]; the last one is the tail itself, so exclude it
-        wins = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
-        hits = np.flatnonzero((wins == tail).all(axis=1))
+        hits = ends[length >= n]
         if len(hits):
-            start = int(hits[-1]) + n  # the latest occurrence: what followed it
+            start = int(hits[-1]) + 1  # the latest occurrence: what followed it
             return arr[start:start + k].tolist(), n
     return [], 0

@@ -66,10 +66,13 @@ class PassCost:
     passes: deque = field(default_factory=lambda: deque(maxlen=FIT_PASSES))  # (tokens, s)
     by_size: dict = field(default_factory=dict)  # tokens -> deque of its recent passes' s
     _fit: tuple[float, float] | None = None  # (base s, s per token) of the current passes
+    _median: dict = field(default_factory=dict)  # tokens -> the median of by_size's, until
+    # a pass of that size is observed (every session's depth asks it for every size, per pass)
 
     def observe(self, tokens: int, seconds: float) -> None:
         self.passes.append((float(tokens), float(seconds)))
         self.by_size.setdefault(int(tokens), deque(maxlen=SIZE_PASSES)).append(float(seconds))
+        self._median.pop(int(tokens), None)
         self._fit = None
 
     def fit(self) -> tuple[float, float]:
@@ -88,9 +91,12 @@ class PassCost:
     def seconds(self, tokens: int) -> float:
         """A pass of `tokens` input tokens: the median of the recent passes of that size
         once SIZE_SEEN of them were timed, else the line's value."""
+        if (median := self._median.get(int(tokens))) is not None:
+            return median
         seen = self.by_size.get(int(tokens))
         if seen is not None and len(seen) >= SIZE_SEEN:
-            return float(np.median(seen))
+            median = self._median[int(tokens)] = float(np.median(seen))
+            return median
         base, per_token = self.fit()
         return base + per_token * tokens
 

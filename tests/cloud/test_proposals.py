@@ -164,3 +164,16 @@ def test_the_engine_scores_fewer_proposals_where_a_node_costs_more():
     print("proposals per lone pass: cheap", per_lone(cheap), "dear", per_lone(dear))
     assert per_lone(cheap) > 1.5 * per_lone(dear)
     assert sum(s.counts.passes for s in cheap) < sum(s.counts.passes for s in plain)
+
+
+def test_a_sizes_median_follows_each_new_pass_of_that_size():
+    cost = PassCost()
+    for s in (0.010, 0.030, 0.020):
+        cost.observe(4, s)
+    assert cost.seconds(4) == pytest.approx(0.020)  # asked again: the same, kept
+    assert cost.seconds(4) == pytest.approx(0.020)
+    cost.observe(6, 0.5)  # another size leaves it be
+    assert cost.seconds(4) == pytest.approx(0.020)
+    cost.observe(4, 0.040)
+    cost.observe(4, 0.050)
+    assert cost.seconds(4) == pytest.approx(0.030)  # the median of the five

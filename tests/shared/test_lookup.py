@@ -2,24 +2,26 @@
 
 import numpy as np
 
-from acespec.shared.lookup import lookup
+from acespec.shared.lookup import lookup, lookup_order
 
 
-def _reference(ctx: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+def _reference(ctx: list[int], k: int, min_n: int, max_n: int) -> tuple[list[int], int]:
     for n in range(min(max_n, len(ctx) - 1), min_n - 1, -1):
         for i in range(len(ctx) - n - 1, -1, -1):
             if ctx[i:i + n] == ctx[-n:]:
-                return ctx[i + n:i + n + k]
-    return []
+                return ctx[i + n:i + n + k], n
+    return [], 0
 
 
 def test_matches_the_reference_on_random_texts():
     rng = np.random.default_rng(0)
-    for _ in range(2000):
-        ctx = rng.integers(0, int(rng.integers(2, 6)), int(rng.integers(1, 40))).tolist()
+    for _ in range(4000):
+        ctx = rng.integers(0, int(rng.integers(2, 12)), int(rng.integers(1, 120))).tolist()
         k, min_n = int(rng.integers(1, 6)), int(rng.integers(1, 3))
-        max_n = int(rng.integers(min_n, 5))
-        assert lookup(ctx, k, min_n, max_n) == _reference(ctx, k, min_n, max_n), ctx
+        max_n = int(rng.integers(min_n, 6))
+        want = _reference(ctx, k, min_n, max_n)
+        assert lookup_order(ctx, k, min_n, max_n) == want, ctx
+        assert lookup(ctx, k, min_n, max_n) == want[0]
 
 
 def test_the_latest_longest_match_wins_and_the_window_bounds_the_search():
