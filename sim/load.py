@@ -11,8 +11,7 @@ slowing it, as edges on their users' own devices would not. For each mode and N 
 reports what the users saw (per-client tokens/s p50 and p10, TTFT p50 and p90), what the server did
 (aggregate tokens/s, busy fraction, busy seconds and scored nodes per token, passes a second
 and the requests a pass held, the share of tokens decided in passes that held an edge draft),
-and at the end
-the goodput: the most clients whose p10 client still meets the SLO.
+and at the end the goodput: the most clients whose p10 client still meets the SLO.
 
 Modes are the bench's: `ar` (cloud only), `acespec`, `acespec-gap` (acespec with the
 verifier's gap drafter: hybrid drafting, the verifier's own drafts where the edge's do not
@@ -78,9 +77,10 @@ class LoadConfig:
 def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: float,
           nodes: float, passes: tuple[float, float] = (0.0, 0.0)) -> dict:
     """One (mode, N) row from its per-request records {client, tokens, seconds, ttft_s,
-    lone_tokens (decided with no edge draft: the first token and the lone passes')}. passes: the verifier's passes in the run and the requests they held
-    (summed). edge_pass_tokens: the share of tokens decided in passes that held an edge
-    draft (None where the verifier decides no session: ar)."""
+    lone_tokens (decided with no edge draft: the first token and the lone passes')}.
+    passes: the verifier's passes in the run and the requests they held (summed).
+    edge_pass_tokens: the share of tokens decided in passes that held an edge draft (None
+    where the verifier decides no session: ar)."""
     per_client = {}
     for r in records:
         tok, sec = per_client.get(r["client"], (0, 0.0))
