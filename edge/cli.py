@@ -94,8 +94,6 @@ def add_parser(sub) -> None:
                     help="the model names requests may give (others get 404); the first is "
                     "the one responses report (default: --pair's model name, e.g. "
                     f"{PAIR_MODEL_NAMES['smollm2']}, then '{DEFAULT_MODEL_NAME}')")
-    sv.add_argument("--model-name", metavar="NAME",
-                    help="deprecated: the same as --served-model-name NAME")
     sv.add_argument("--reconnect-deadline", type=number(float, 0.0), default=30.0, metavar="S",
                     help="a generation in flight when the verifier goes away keeps retrying "
                     "this long and resumes with its committed text (default: %(default)s)")
@@ -352,12 +350,9 @@ def build_service(args):
 
 
 def served_model_names(args) -> tuple[str, ...]:
-    """--served-model-name (or the deprecated --model-name), else --pair's model name and
-    'acespec'; the first is the name responses report. ValueError naming the flag."""
-    if args.served_model_name and args.model_name:
-        raise ValueError("--model-name is the deprecated spelling of --served-model-name; "
-                         "pass one")
-    names = args.served_model_name or ([args.model_name] if args.model_name else None)
+    """--served-model-name, else --pair's model name and 'acespec'; the first is the name
+    responses report. ValueError naming the flag."""
+    names = args.served_model_name
     if names is None:
         names = [PAIR_MODEL_NAMES[args.pair]] if args.pair else []
         names.append(DEFAULT_MODEL_NAME)
@@ -404,9 +399,6 @@ def run_serve(args) -> int:
     except (ValueError, OSError) as e:
         print(f"acespec edge serve: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    if args.model_name:
-        print("acespec edge serve: warning: --model-name is deprecated; use "
-              "--served-model-name", file=sys.stderr)
     also = "".join(f", also {a!r}" for a in svc.aliases)
     print(f"acespec edge listening on http://{args.host}:{args.port} (model "
           f"{svc.model_name!r}{also}, mode {args.mode}, verifier {args.cloud})", flush=True)

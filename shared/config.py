@@ -1,5 +1,4 @@
-"""Config dataclasses shared by the edge and the cloud, and the deprecated names of the figures
-they report."""
+"""Config dataclasses shared by the edge and the cloud."""
 
 from __future__ import annotations
 
@@ -100,14 +99,3 @@ class SamplingParams:
         if name not in presets:
             raise ConfigError(f"unknown sampling preset {name!r}; choose from {sorted(presets)}")
         return presets[name]
-
-
-# Deprecated names in the JSON figures (the edge's Stats.as_dict, the OpenAI usage extension,
-# the bench's summary, `acespec generate --json`), each emitted beside its current name for one
-# more release: old -> current.
-DEPRECATED_KEYS = {"target_forwards": "passes", "target_forwards_per_token": "passes_per_token"}
-
-
-def with_deprecated(figures: dict) -> dict:
-    """`figures` plus the deprecated alias of each key that has one (DEPRECATED_KEYS)."""
-    return figures | {old: figures[new] for old, new in DEPRECATED_KEYS.items() if new in figures}

@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from acespec.shared.config import DEPRECATED_KEYS, with_deprecated
-
 if TYPE_CHECKING:
     from acespec.sim.bench import BenchConfig
 
@@ -55,7 +53,7 @@ def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
             if sd_al and step_s:
                 m["ideal_tokens_per_s"] = round(sd_al / step_s, 2)
                 m["ratio_to_ideal"] = round(m["tokens_per_s"] / m["ideal_tokens_per_s"], 3)
-            rows.append(with_deprecated(m))
+            rows.append(m)
     return rows
 
 
@@ -166,7 +164,7 @@ def by_category(records: list[dict]) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    cols = list(dict.fromkeys(k for r in rows for k in r if k not in DEPRECATED_KEYS))
+    cols = list(dict.fromkeys(k for r in rows for k in r))
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

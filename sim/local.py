@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from acespec.shared.config import SamplingParams, with_deprecated
+from acespec.shared.config import SamplingParams
 from acespec.shared.rejection import verify_greedy, verify_sampled
 from acespec.shared.sampling import transform
 
@@ -38,11 +38,10 @@ class LocalStats:
         return self.emitted / self.seconds if self.seconds else 0.0
 
     def as_dict(self) -> dict:
-        return with_deprecated({
-            "steps": self.steps, "drafted": self.drafted, "accepted": self.accepted,
-            "tokens": self.emitted, "passes": self.passes,
-            "mean_acceptance_length": round(self.mean_acceptance_length, 4),
-            "tokens_per_s": round(self.tokens_per_s, 2), "seconds": round(self.seconds, 3)})
+        return {"steps": self.steps, "drafted": self.drafted, "accepted": self.accepted,
+                "tokens": self.emitted, "passes": self.passes,
+                "mean_acceptance_length": round(self.mean_acceptance_length, 4),
+                "tokens_per_s": round(self.tokens_per_s, 2), "seconds": round(self.seconds, 3)}
 
 
 def generate_local(target, drafter, prompt: Sequence[int], max_tokens: int, depth: int,

@@ -14,7 +14,6 @@ class Metrics:
     sessions_active: object
     nodes_scored: object
     passes: object
-    forward_passes: object  # deprecated alias of passes, for one release
     batch_nodes: object
     batch_sessions: object
     message_bytes: object
@@ -40,8 +39,6 @@ class Metrics:
             nodes_scored=Counter("acespec_nodes_scored", "Tree nodes scored", registry=r),
             passes=Counter("acespec_passes", "Passes of the target (one forward over every "
                            "session it scores)", registry=r),
-            forward_passes=Counter("acespec_forward_passes", "Deprecated alias of "
-                                   "acespec_passes, kept for one release", registry=r),
             batch_nodes=Histogram("acespec_batch_nodes", "Nodes per pass", registry=r,
                                   buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)),
             batch_sessions=Histogram("acespec_batch_sessions", "Requests per pass",
@@ -105,7 +102,6 @@ class Metrics:
     def on_pass(self, stats) -> None:
         self.passes.inc()
         self.busy_seconds.labels("pass").inc(stats.seconds)
-        self.forward_passes.inc()
         self.nodes_scored.inc(stats.nodes)
         self.batch_nodes.observe(stats.nodes)
         self.batch_sessions.observe(stats.sessions)

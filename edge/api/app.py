@@ -33,10 +33,6 @@ class EdgeMetrics:
         self.drafted = Counter("acespec_edge_drafted_tokens", "Drafted tokens", registry=r)
         self.accepted = Counter("acespec_edge_accepted_tokens", "Accepted drafts", registry=r)
         self.passes = Counter("acespec_edge_passes", "Verifier passes", registry=r)
-        # Deprecated alias of acespec_edge_passes, kept for one release.
-        self.target_forwards = Counter("acespec_edge_target_forwards",
-                                       "Verifier passes (deprecated: acespec_edge_passes)",
-                                       registry=r)
         self.cache_hits = Counter("acespec_edge_cache_hits", "State-cache hits", registry=r)
         self.wire = Counter("acespec_edge_wire_bytes", "Bytes to/from the verifier",
                             ["direction"], registry=r)
@@ -55,7 +51,6 @@ class EdgeMetrics:
         self.drafted.inc(u["drafted_tokens"])
         self.accepted.inc(u["accepted_tokens"])
         self.passes.inc(u["passes"])
-        self.target_forwards.inc(u["passes"])
         self.cache_hits.inc(u["cache_hits"])
         self.wire.labels("up").inc(u["wire_bytes_up"])
         self.wire.labels("down").inc(u["wire_bytes_down"])

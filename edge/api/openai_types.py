@@ -12,7 +12,7 @@ from acespec.edge.api.errors import ApiError, text
 from acespec.edge.api.messages import parse_messages
 from acespec.edge.api.params import check_fields
 from acespec.edge.api.structured import Tools, parse_tools, response_grammar
-from acespec.shared.config import MAX_ADDITIVE, MAX_REPETITION, Penalties, with_deprecated
+from acespec.shared.config import MAX_ADDITIVE, MAX_REPETITION, Penalties
 from acespec.shared.logprobs import MAX_TOP_LOGPROBS
 
 __all__ = ["ApiError", "CompletionRequest", "parse_request"]
@@ -250,18 +250,18 @@ def usage(prompt_tokens: int, stats_list: list) -> dict:
     rounds = sum(s.rounds for s in stats_list)
     hits = sum(s.cache.hits for s in stats_list)
     rejections = sum(s.cache.rejections for s in stats_list)
-    return with_deprecated({"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
-                            "total_tokens": prompt_tokens + tokens,
-                            "drafted_tokens": sum(s.drafted for s in stats_list),
-                            "accepted_tokens": sum(s.accepted for s in stats_list),
-                            "mean_acceptance_length": round(tokens / rounds, 3) if rounds else 0.0,
-                            "cache_hit_rate": round(hits / rejections, 3) if rejections else 0.0,
-                            "cache_hits": hits,
-                            "passes": sum(s.passes for s in stats_list),
-                            "wire_bytes_up": sum(s.wire_bytes_up for s in stats_list),
-                            "wire_bytes_down": sum(s.wire_bytes_down for s in stats_list),
-                            "cloud_reconnects": sum(s.reconnects for s in stats_list),
-                            **offline_usage(stats_list)})
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
+            "total_tokens": prompt_tokens + tokens,
+            "drafted_tokens": sum(s.drafted for s in stats_list),
+            "accepted_tokens": sum(s.accepted for s in stats_list),
+            "mean_acceptance_length": round(tokens / rounds, 3) if rounds else 0.0,
+            "cache_hit_rate": round(hits / rejections, 3) if rejections else 0.0,
+            "cache_hits": hits,
+            "passes": sum(s.passes for s in stats_list),
+            "wire_bytes_up": sum(s.wire_bytes_up for s in stats_list),
+            "wire_bytes_down": sum(s.wire_bytes_down for s in stats_list),
+            "cloud_reconnects": sum(s.reconnects for s in stats_list),
+            **offline_usage(stats_list)}
 
 
 def offline_usage(stats_list: list) -> dict:

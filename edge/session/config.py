@@ -8,7 +8,6 @@ import numpy as np
 
 from acespec.edge.session.offline import OFFLINE_MODES
 from acespec.edge.speculation.branches import CacheConfig, CacheStats
-from acespec.shared.config import with_deprecated
 from acespec.shared.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from acespec.shared.served import ServeParams
 
@@ -182,7 +181,7 @@ class Stats:
 
     def as_dict(self) -> dict:
         t = max(self.tokens, 1)
-        return with_deprecated({"tokens": self.tokens, "tokens_per_s": round(self.tokens / self.seconds, 2)
+        return {"tokens": self.tokens, "tokens_per_s": round(self.tokens / self.seconds, 2)
                 if self.seconds else 0.0,
                 "mean_acceptance_length": round(self.tokens / self.rounds, 3) if self.rounds else 0.0,
                 "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
@@ -213,4 +212,4 @@ class Stats:
                 "unverified_replaced": self.unverified_replaced,
                 "unverified_tail_tokens": len(self.unverified_tail),
                 "ttft_s": round(self.first_token_s, 4) if self.first_token_s is not None else None,
-                "seconds": round(self.seconds, 3)})
+                "seconds": round(self.seconds, 3)}

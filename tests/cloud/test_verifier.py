@@ -181,7 +181,7 @@ def test_health_and_metrics(target):
     status, text = run(go())
     assert status == health_pb2.HealthCheckResponse.SERVING
     assert "acespec_passes_total 3.0" in text
-    assert "acespec_forward_passes_total 3.0" in text  # the deprecated alias, kept for a release
+    assert "acespec_forward_passes" not in text
     assert 'acespec_message_bytes_total{direction="down"}' in text
 
 

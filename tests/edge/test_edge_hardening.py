@@ -78,7 +78,7 @@ def one_error_line(stderr: str, flag: str) -> None:
 async def edge_http(cloud: str, gguf, *flags: str):
     """`acespec edge serve` as its CLI builds it, on a real socket; yields (httpx client, svc)."""
     args = build_parser().parse_args(["edge", "serve", "--drafter", str(gguf), "--cloud", cloud,
-                                      "--model-name", "tiny", *flags])
+                                      "--served-model-name", "tiny", *flags])
     svc = build_service(args)
     server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=free_port(),
                                            log_level="warning"))

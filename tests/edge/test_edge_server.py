@@ -40,7 +40,7 @@ def chat_gguf(tiny_pair):
 async def edge_server(cloud: str, gguf, mode="pipeline"):
     args = build_parser().parse_args(["edge", "serve", "--drafter", str(gguf), "--mode", mode,
                                       "--depth", "3", "--window", "8", "--cloud", cloud,
-                                      "--model-name", "tiny"])
+                                      "--served-model-name", "tiny"])
     svc = build_service(args)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port,
@@ -93,7 +93,7 @@ def test_completions_stream_equals_non_stream_and_usage(tiny_pair, chat_gguf):
     assert plain["object"] == "text_completion" and plain["choices"][0]["finish_reason"] == "length"
     u = plain["usage"]
     assert u["completion_tokens"] == 12 and u["mean_acceptance_length"] >= 1
-    assert u["passes"] >= 1 and u["target_forwards"] == u["passes"]  # the deprecated alias
+    assert u["passes"] >= 1 and "target_forwards" not in u
     for k in ("drafted_tokens", "accepted_tokens", "cache_hit_rate", "wire_bytes_up", "wire_bytes_down"):
         assert k in u
     streamed = "".join(c["text"] for e in events for c in e["choices"])
@@ -259,7 +259,7 @@ def test_cloud_down_503_then_recovers(tiny_pair, chat_gguf):
     assert "acespec_edge_tokens_total 4.0" in metrics
     passes = up.json()["usage"]["passes"]
     assert f"acespec_edge_passes_total {passes:.1f}" in metrics
-    assert f"acespec_edge_target_forwards_total {passes:.1f}" in metrics  # deprecated alias
+    assert "acespec_edge_target_forwards" not in metrics
 
 
 def test_official_openai_client(tiny_pair, chat_gguf):

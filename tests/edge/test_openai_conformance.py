@@ -319,9 +319,7 @@ def test_served_model_names():
     assert names("--pair", "smollm2") == ("SmolLM2-135M-Instruct", "acespec")
     assert names("--pair", "demo") == ("acespec-demo", "acespec")
     assert names("--pair", "smollm2", "--served-model-name", "a", "b", "a") == ("a", "b")
-    assert names("--model-name", "tiny") == ("tiny",)  # deprecated spelling, same meaning
-    with pytest.raises(ValueError, match="--model-name"):
-        names("--model-name", "x", "--served-model-name", "y")
+    assert names("--served-model-name", "tiny") == ("tiny",)
     with pytest.raises(ValueError, match="--served-model-name"):
         names("--served-model-name", " x")
 
