@@ -8,13 +8,19 @@ import sys
 import time
 from pathlib import Path
 
+from acespec import pairs
+from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
+from acespec.edge.drafting.ngram import NgramDrafter
+from acespec.models import DEMO_DRAFTER, DEMO_TARGET
+from acespec.shared.config import ConfigError, SamplingParams
+from acespec.shared.tokenizer import Tokenizer
+from acespec.sim.local import generate_local
+
 
 def add_parser(sub) -> None:
-    from acespec.models import DEMO_DRAFTER, DEMO_TARGET
-
     p = sub.add_parser(
         "generate", help="generate a continuation locally with a target + drafter pair",
-        description="Speculative decoding in one process: the llama.cpp drafter proposes "
+        description="Speculative decoding in one process: the llama.cpp drafter drafts "
         "--depth tokens, the torch target verifies them in one pass. Prints the text as it "
         "is accepted, then acceptance figures. Output is distributed exactly as the target's.")
     p.add_argument("prompt", help="text to continue")
@@ -22,8 +28,6 @@ def add_parser(sub) -> None:
                    help="target: Hugging Face checkpoint folder (default: the demo target)")
     p.add_argument("--drafter", default=str(DEMO_DRAFTER),
                    help="drafter GGUF, or 'ngram' for prompt lookup (default: the demo drafter)")
-    from acespec import pairs
-
     pairs.add_argument(p, target="model", drafter="drafter")
     p.add_argument("--depth", type=int, default=4, help="draft tokens per step (default: 4)")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -42,9 +46,7 @@ class CliError(Exception):
 
 
 def _load_pair(args):
-    from acespec import pairs
-    from acespec.cloud.target.loader import load_model, set_threads
-    from acespec.shared.tokenizer import Tokenizer
+    from acespec.cloud.target.loader import load_model, set_threads  # lazy: torch, on use only
 
     pairs.apply(args)
     model_dir = Path(args.model)
@@ -55,11 +57,7 @@ def _load_pair(args):
     target = load_model(model_dir, dtype=args.dtype)
     set_threads(target)
     if args.drafter == "ngram":
-        from acespec.edge.drafting.ngram import NgramDrafter
-
         return tok, target, NgramDrafter(target.args.vocab_size)
-    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
-
     if not Path(args.drafter).is_file():
         raise CliError(f"no drafter GGUF at {args.drafter}; pass --drafter FILE or 'ngram'")
     drafter = LlamaDrafter(args.drafter, LlamaDrafterConfig(n_seq_max=1))
@@ -70,9 +68,6 @@ def _load_pair(args):
 
 
 def run(args) -> int:
-    from acespec.shared.config import ConfigError, SamplingParams
-    from acespec.sim.local import generate_local
-
     try:
         sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
         if args.depth < 1 or args.max_tokens < 1:

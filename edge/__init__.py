@@ -2,7 +2,7 @@
 and keeps the committed text, while a remote verifier scores or decides.
 
     session/      one request against the verifier: engine, runner, one driver per protocol
-    speculation/  the state cache: speculation trees, branch allocation, calibration, shape
+    speculation/  the speculation tree: branch allocation, calibration, shape
     drafting/     drafters behind one interface (llama.cpp, n-gram)
     api/          the local OpenAI-compatible HTTP API
     client.py     the wire protocol's client (CloudSession over gRPC, Generate)

@@ -8,10 +8,25 @@ import json
 import sys
 from pathlib import Path
 
+import grpc
+
 from acespec import pairs
 from acespec.argtypes import EXIT_USAGE, OneLineErrors, draft_ms, number
+from acespec.edge.api.guard import GuardConfig
+from acespec.edge.api.service import EdgeService
+from acespec.edge.client import VerifierUnfit, channel, read_token_file
+from acespec.edge.drafting.llama import DrafterError, LlamaDrafter, LlamaDrafterConfig
+from acespec.edge.drafting.ngram import NgramDrafter
+from acespec.edge.session import EdgeEngine, EngineConfig
 from acespec.edge.session.config import GROW_SEQS, MAX_DEPTH, MAX_WINDOW
+from acespec.edge.speculation.branches import CacheConfig
 from acespec.edge.status import LiveStatus, TerminalAnswer
+from acespec.edge.text import TextCodec
+from acespec.models import DEMO_DRAFTER, DEMO_TARGET
+from acespec.shared import modes
+from acespec.shared.config import ConfigError, SamplingParams
+from acespec.shared.served import ServeParams
+from acespec.shared.tokenizer import ModelFileError, Tokenizer
 
 EXIT_UNREACHABLE, EXIT_REFUSED = 3, 4
 MAX_CONCURRENT = 32  # sequences: 1 + GROW_SEQS per generation, + 1, within llama.cpp's 256
@@ -22,16 +37,15 @@ PAIR_MODEL_NAMES = {"smollm2": "SmolLM2-135M-Instruct", "demo": "acespec-demo"}
 
 
 def add_parser(sub) -> None:
-    from acespec.models import DEMO_DRAFTER, DEMO_TARGET
-
     p = sub.add_parser("edge", help="the edge: drafter + engine talking to a cloud verifier")
     esub = p.add_subparsers(dest="edge_cmd", required=True, metavar="COMMAND",
                             parser_class=OneLineErrors)
     g = esub.add_parser(
         "generate", help="stream a continuation of PROMPT, drafting locally, verified remotely",
         description="Speculative decoding against a cloud verifier: the llama.cpp drafter "
-        "proposes tokens, the verifier scores them, this process accepts or rejects them "
-        "exactly. Streams the accepted text with a live status line on stderr.")
+        "drafts tokens and the verifier decides them (or scores them and this process "
+        "decides, with exact sampling), the text distributed exactly as the target's. "
+        "Streams the decided text with a live status line on stderr.")
     g.add_argument("prompt")
     g.add_argument("--cloud", default="localhost:50051", help="verifier HOST:PORT (default: %(default)s)")
     g.add_argument("--drafter", default=str(DEMO_DRAFTER),
@@ -119,26 +133,20 @@ def add_parser(sub) -> None:
 
 
 def _add_engine_args(p, mode: str) -> None:
-    """Mode, shape and state-cache flags shared by `generate` and `serve`."""
-    p.add_argument("--mode", default=mode, choices=["ar", "sd", "pipeline", "acespec"],
-                   help="ar: cloud only; sd: draft-send-wait; pipeline: streamed drafts; "
-                   "acespec: greedy and coupled sessions are decided by the verifier, which "
-                   "keeps decoding through every round trip; exact sampled sessions add "
-                   "pre-scored recovery branches to pipeline (default: %(default)s)")
+    """Mode, shape and speculation-tree flags shared by `generate` and `serve`."""
+    p.add_argument("--mode", default=mode, choices=modes.NAMES, metavar="MODE",
+                   help=f"{modes.help_text()} (default: %(default)s)")
     p.add_argument("--sampling", default="coupled", choices=["coupled", "exact"],
                    help="'coupled': Gumbel-max with noise shared by edge and cloud (with "
                    "--temperature > 0; greedy at 0): the text for a seed equals cloud-only "
-                   "decoding's, and in acespec mode the verifier decides. 'exact': the edge "
-                   "decides every verdict (rejection sampling; greedy verification at 0) and "
-                   "the verifier scores trees. Both sample the served distribution exactly "
+                   "decoding's, and the verifier decides where the mode has it decide. 'exact': "
+                   "the edge decides every verdict (rejection sampling; greedy verification at "
+                   "0) and the verifier scores trees. Both sample the served distribution exactly "
                    "(default: %(default)s)")
     p.add_argument("--depth", type=number(int, 1, MAX_DEPTH), default=None,
                    help="drafts per Extend; unset: adaptive (starts at 4, follows the link)")
     p.add_argument("--window", type=number(int, 1, MAX_WINDOW), default=None,
                    help="most live drafted nodes, >= --depth; unset: adaptive (starts at 16)")
-    p.add_argument("--no-tree", action="store_true",
-                   help="acespec sessions the verifier decides: draft one chain (no guessed "
-                   "recovery branches) instead of growing a speculation tree")
     p.add_argument("--emulate-draft-ms", type=draft_ms, default=(0.0, 0.0),
                    metavar="T[,PER_TOKEN]",
                    help="TESTBED knob: pad every drafter decode to T ms (+ PER_TOKEN ms per "
@@ -153,49 +161,43 @@ def _add_engine_args(p, mode: str) -> None:
     o.add_argument("--stall-after", type=number(float, 0.0, lo_open=True), default=None,
                    metavar="S", help="a verifier silent this long while it owes an answer "
                    "counts as unreachable (default: 5 with --offline wait, 0.4 with local)")
-    b = p.add_argument_group("state cache budgets per chunk (acespec mode; unset = derived "
-                             "from the measured link and drafter)")
+    b = p.add_argument_group("speculation tree: the guessed branches' budgets per chunk "
+                             "(modes with branches; unset = derived from the measured link "
+                             "and drafter)")
     amount = number(float, 0.0)
-    b.add_argument("--cache-draft-ms", type=amount, default=None, help="drafter time for branches")
-    b.add_argument("--cache-uplink-bytes", type=amount, default=None)
-    b.add_argument("--cache-downlink-bytes", type=amount, default=None)
-    b.add_argument("--cache-cloud-nodes", type=amount, default=8.0,
+    b.add_argument("--branch-draft-ms", type=amount, default=None,
+                   help="drafter time for branches")
+    b.add_argument("--branch-uplink-bytes", type=amount, default=None)
+    b.add_argument("--branch-downlink-bytes", type=amount, default=None)
+    b.add_argument("--branch-cloud-nodes", type=amount, default=8.0,
                    help="branch nodes the verifier scores per chunk (default: %(default)s)")
-    b.add_argument("--cache-kv-mb", type=amount, default=64.0,
+    b.add_argument("--branch-kv-mb", type=amount, default=64.0,
                    help="edge memory for branch KV, MB (default: %(default)s)")
 
 
 def engine_config(args, **kw):
     """EngineConfig from the shared flags (an unset depth or window makes it adaptive)."""
-    from acespec.edge.session import EngineConfig
-    from acespec.edge.speculation.branches import CacheConfig
-
     adaptive = args.depth is None and args.window is None
-    if args.offline == "local" and args.mode == "ar":
-        raise ValueError("--offline local answers from the drafter, and --mode ar has none")
+    if args.offline == "local" and not modes.mode(args.mode).edge_drafts:
+        raise ValueError(f"--offline local answers from the drafter, and --mode {args.mode} "
+                         "drafts nothing at the edge")
     if args.depth is not None and args.window is not None and args.window < args.depth:
         raise ValueError(f"--window {args.window} must be >= --depth {args.depth}")
     depth = 4 if args.depth is None else args.depth
     window = max(16 if args.window is None else args.window, depth)
-    cache = CacheConfig(kv_bytes=args.cache_kv_mb * 1e6, draft_ms=args.cache_draft_ms,
-                        uplink_bytes=args.cache_uplink_bytes,
-                        downlink_bytes=args.cache_downlink_bytes,
-                        cloud_nodes=args.cache_cloud_nodes)
+    cache = CacheConfig(kv_bytes=args.branch_kv_mb * 1e6, draft_ms=args.branch_draft_ms,
+                        uplink_bytes=args.branch_uplink_bytes,
+                        downlink_bytes=args.branch_downlink_bytes,
+                        cloud_nodes=args.branch_cloud_nodes)
     return EngineConfig(mode=args.mode, depth=depth, window=window, cache=cache,
-                        verifier_decides=args.sampling == "coupled",
-                        grow_tree=not args.no_tree, adaptive=adaptive, offline=args.offline,
+                        sampling=args.sampling, adaptive=adaptive, offline=args.offline,
                         stall_s=args.stall_after, **kw)
 
 
 def _codec_and_drafter(args):
     """(TextCodec, drafter) from --drafter (and --tokenizer for 'ngram'); ValueError naming
     the flag when a file cannot be used."""
-    from acespec.edge.text import TextCodec
-
     if args.drafter == "ngram":
-        from acespec.edge.drafting.ngram import NgramDrafter
-        from acespec.shared.tokenizer import ModelFileError, Tokenizer
-
         try:
             codec = TextCodec.from_tokenizer(args.tokenizer)
             vocab = Tokenizer.load(args.tokenizer).vocab_size
@@ -216,9 +218,6 @@ def _emulation(args) -> dict:
 
 
 def _llama_codec_and_drafter(path: str, **config):
-    from acespec.edge.drafting.llama import DrafterError, LlamaDrafter, LlamaDrafterConfig
-    from acespec.edge.text import TextCodec
-
     if not Path(path).is_file():
         raise ValueError(f"--drafter {path}: no such file; pass a GGUF file or 'ngram'")
     try:
@@ -231,7 +230,7 @@ def _llama_codec_and_drafter(path: str, **config):
 def _check_context(drafter, prompt: list[int], cfg) -> None:
     """The request must fit the drafter's context: refuse it up front, not mid-generation."""
     n_ctx = getattr(getattr(drafter, "config", None), "n_ctx", None)
-    if n_ctx is None or cfg.mode == "ar":
+    if n_ctx is None or not cfg.spec.edge_drafts:
         return
     need = len(prompt) + cfg.max_tokens + cfg.drafter_reserve()
     if need > n_ctx:
@@ -241,14 +240,6 @@ def _check_context(drafter, prompt: list[int], cfg) -> None:
 
 
 def run_generate(args) -> int:
-    import grpc
-
-    from acespec.edge.client import VerifierUnfit, channel, read_token_file
-    from acespec.edge.drafting.llama import DrafterError
-    from acespec.edge.session import EdgeEngine, EngineConfig
-    from acespec.shared.config import ConfigError, SamplingParams
-    from acespec.shared.served import ServeParams
-
     def fail(code: int, msg: str) -> int:
         print(f"acespec edge generate: error: {msg}", file=sys.stderr)
         return code
@@ -269,7 +260,7 @@ def run_generate(args) -> int:
         return fail(EXIT_USAGE, str(e))
     cfg = EngineConfig(**{**cfg.__dict__, "stop_ids": codec.stop_ids})
     engine = EdgeEngine(lambda: channel(args.cloud, root_cert), codec.vocab_hash,
-                        None if args.mode == "ar" else drafter, token)
+                        drafter if modes.mode(args.mode).edge_drafts else None, token)
     status = LiveStatus(not args.json)
     answer = TerminalAnswer(codec, status, cfg.offline, quiet=args.json)
     try:
@@ -318,11 +309,7 @@ def _summary(f: dict) -> str:
 
 def build_service(args):
     """The EdgeService for `serve` (also used by tests). ValueError/OSError naming the flag."""
-    from acespec.edge.api.app import EdgeMetrics
-    from acespec.edge.api.service import EdgeService
-    from acespec.edge.client import channel, read_token_file
-    from acespec.shared.config import SamplingParams
-    from acespec.shared.served import ServeParams
+    from acespec.edge.api.app import EdgeMetrics  # lazy: starlette is the edge extra's
 
     names = served_model_names(args)
     pairs.apply(args)
@@ -333,14 +320,15 @@ def build_service(args):
     n = args.max_concurrent
     if args.drafter == "ngram":  # no model: lookup in the context, any number of sequences
         codec, drafter = _codec_and_drafter(args)
-    elif args.mode == "ar":  # the drafter only tokenizes
+    elif not modes.mode(args.mode).edge_drafts:  # the drafter only tokenizes
         codec, drafter = _llama_codec_and_drafter(args.drafter, n_ctx=256, n_seq_max=1)
     else:  # each generation: a main sequence and its tree's; seq 0 stays free for tools
         per_request = args.ctx_per_request + base.drafter_reserve()
         codec, drafter = _llama_codec_and_drafter(args.drafter, n_ctx=n * per_request,
                                                   n_seq_max=(1 + GROW_SEQS) * n + 1,
                                                   **_emulation(args))
-    return EdgeService(codec=codec, drafter=None if args.mode == "ar" else drafter,
+    return EdgeService(codec=codec,
+                       drafter=drafter if modes.mode(args.mode).edge_drafts else None,
                        connect=lambda: channel(args.cloud, root_cert),
                        model_name=names[0], aliases=names[1:],
                        base=base, chat_template=_chat_template(args, drafter), token=token,
@@ -391,8 +379,7 @@ def _chat_template(args, drafter) -> str | None:
 
 
 def run_serve(args) -> int:
-    from acespec.edge.api.app import serve
-    from acespec.edge.api.guard import GuardConfig
+    from acespec.edge.api.app import serve  # lazy: starlette is the edge extra's
 
     try:
         svc = build_service(args)

@@ -122,7 +122,6 @@ class CloudSession:
         self.bytes_up = self.bytes_down = 0  # message bytes + FRAMING each
         self.messages_up = 0  # uplink messages written
         self.server_s = 0.0  # the last Scores' time at the verifier (queue + pass), seconds
-        self.grows = False  # the verifier takes Grow (tree) messages in decided sessions
         # perf_counter since which the verifier owes a message (None: nothing owed): from
         # the first uplink message, an open session always owes the next one (decided:
         # the next pass; tree: Scores for nodes in flight) until the verifier says done.
@@ -171,8 +170,8 @@ class CloudSession:
                            vocab_hash: str, max_tokens: int, stop: Sequence[int],
                            gap: bool = True, logprobs: int | None = None) -> NodeScore | None:
         """Open a session the verifier decides (greedy or coupled). Returns None when it
-        does; an older verifier answers as for a tree session: its root's score (the
-        caller then runs the tree protocol on this stream). gap=False: the verifier's gap
+        does; a verifier that will not decide it answers as for an edge-decided session:
+        its root's score (the caller then walks the scores on this stream). gap=False: the verifier's gap
         drafter, if it has one, proposes nothing here. logprobs: every Decided carries the
         target's logprobs, with that many alternatives per token."""
         await self._write(pb.Uplink(open=pb.Open(
@@ -184,14 +183,13 @@ class CloudSession:
                                         first_before_opened=True))))
         msg = await self._read()
         if msg.WhichOneof("msg") == "decided":  # the first token, ahead of Opened: the
-            # verifier decides, grows and serves the sampling asked (Opened comes later)
+            # verifier decides and serves the sampling asked (Opened comes later)
             self._early.append(msg)
-            self.grows, self.next_id = True, 0
+            self.next_id = 0
             return None
         opened = msg.opened
         self._take_opened(opened)
         self.max_live_nodes, self.next_id = opened.max_live_nodes, 1
-        self.grows = opened.grows
         if opened.decides:
             self.next_id = 0  # Grow node ids count from 0
         self._check_coupled(params, opened)
@@ -206,14 +204,8 @@ class CloudSession:
             raise VerifierTooOld("the verifier does not serve coupled sampling (it is older "
                                  "than this edge): upgrade it, or use --sampling exact")
 
-    async def drafts(self, position: int, behind: int, tokens: Sequence[int]) -> None:
-        """Decided sessions: the edge's drafts at `position`.. on top of its `behind`
-        earlier drafts (see proto Drafts)."""
-        await self._write(pb.Uplink(drafts=pb.Drafts(position=position, behind=behind,
-                                                     tokens=list(map(int, tokens)))))
-
     async def grow(self, anchor: int, tokens: Sequence[int], parents: Sequence[int]) -> int:
-        """Decided sessions with Opened.grows: new tree nodes (parents: node ids, or -1 for
+        """Decided sessions: new tree nodes (parents: node ids, or -1 for
         the decided text up to `anchor`). Returns the first new node's id."""
         first = self.next_id
         await self._write(pb.Uplink(grow=encode_grow(anchor, first, tokens, parents)))

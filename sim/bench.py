@@ -17,24 +17,18 @@ from pathlib import Path
 
 import numpy as np
 
+from acespec.shared import modes
 from acespec.sim.stages import LinkSpec, parse_rate, parse_time
 from acespec.sim.timeline import Screen, link_cycle_s, links
 
-MODES = ("ar", "sd", "pipeline", "acespec")
-BENCH_MODES = MODES + ("acespec-chain",  # acespec with one drafted chain, no tree
-                       "acespec-gap",  # the tree, and the verifier's gap drafter proposing
-                       "acespec-local",  # acespec answering from the drafter while offline
-                       "colo",  # the rivals: the verifier speculates for itself, the edge
-                       "cloud-lookup")  # drafts nothing (its drafter beside the target; lookup)
-NO_EDGE_DRAFTS = ("colo", "cloud-lookup")
-GAP_MODES = ("acespec-gap", "colo")  # the verifier's gap drafter proposes in their sessions
+DEFAULT_MODES = ("ar", "sd", "pipeline", "acespec")  # of acespec.shared.modes.MODES
 CLOUD_DRAFT_MS = "5,0.05"  # colo's draft step, see BenchConfig.cloud_draft
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     links: tuple[tuple[str, LinkSpec], ...]  # (label, spec)
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = DEFAULT_MODES  # names in acespec.shared.modes.MODES
     max_tokens: int = 64
     depth: int = 4
     window: int = 16
@@ -72,17 +66,19 @@ class BenchConfig:
         if self.netns and any(link_cycle_s(spec) is not None for _, spec in self.links):
             raise ValueError("--netns shapes a fixed rate with tc: run traces and outages "
                              "through the link emulator (without --netns)")
+        modes.check(self.modes, who="acespec bench")
         if self.gap and not self.gap_drafter:
-            raise ValueError("modes acespec-gap and colo need --gap-drafter")
-        rivals = [m for m in self.modes if m in NO_EDGE_DRAFTS]
+            gap = [m for m in modes.NAMES if modes.MODES[m].gap]
+            raise ValueError(f"modes {' and '.join(gap)} need --gap-drafter")
+        rivals = [m for m in self.modes if modes.MODES[m].drafts == "verifier"]
         if rivals and self.temperature > 0 and self.sampling != "coupled":
             raise ValueError(f"modes {', '.join(rivals)} need greedy or coupled sessions (the "
                              "verifier decides them); --sampling exact has the edge decide")
 
     @property
     def gap(self) -> bool:
-        """The bench's verifier runs a gap drafter (a mode of GAP_MODES is asked for)."""
-        return any(m in GAP_MODES for m in self.modes)
+        """The bench's verifier runs a gap drafter (a mode with one is asked for)."""
+        return any(modes.MODES[m].gap for m in self.modes)
 
     def serve_flags(self) -> list[str]:
         """`acespec cloud serve` flags of the bench's verifier (besides host and port)."""
@@ -327,12 +323,6 @@ async def _verifier_in_netns(cfg: BenchConfig, model_dir: str):
     yield start
 
 
-def engine_mode(mode: str) -> str:
-    """The edge engine's mode for a bench mode: the acespec variants and the rivals that
-    run decided sessions are the engine's acespec."""
-    return mode if mode in MODES else "acespec"
-
-
 RECONNECT_DEADLINE_S = 60.0  # a run rides out any outage a shipped trace has
 
 
@@ -342,23 +332,22 @@ async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, 
     from acespec.shared.config import SamplingParams
     from acespec.shared.served import ServeParams
 
+    sampling = cfg.sampling if cfg.temperature > 0 else "coupled"  # greedy: as the mode has it
     async with links(cfg.seed, host, port, proxy_spec) as link_for:
         for mode in cfg.modes:
             for i, p in enumerate(prompts):
-                ecfg = EngineConfig(mode=engine_mode(mode), grow_tree=mode != "acespec-chain",
-                                    depth=cfg.depth, window=cfg.window,
+                ecfg = EngineConfig(mode=mode, sampling=sampling, depth=cfg.depth,
+                                    window=cfg.window,
                                     adaptive=cfg.adaptive, max_depth=max(8, cfg.depth),
                                     max_window=max(32, cfg.window),
                                     serve=ServeParams(SamplingParams(
                                         cfg.temperature, coupled=cfg.sampling == "coupled")),
                                     seed=cfg.seed, max_tokens=cfg.max_tokens,
-                                    gap=mode in GAP_MODES,
-                                    edge_drafts=mode not in NO_EDGE_DRAFTS,
-                                    offline="local" if mode == "acespec-local" else "wait",
                                     reconnect_deadline_s=RECONNECT_DEADLINE_S)
                 async with link_for(i / len(prompts)) as (proxy, ch):
                     edge = EdgeEngine(lambda ch=ch: ch, codec.vocab_hash,
-                                      None if mode == "ar" else drafter, owns_channels=False)
+                                      drafter if ecfg.spec.edge_drafts else None,
+                                      owns_channels=False)
                     rec = await _run_one(edge, ecfg, codec.encode(p["prompt"]), proxy, busy)
                 rec = {**_record(label, spec, mode, p, rec.pop("stats"), rec.pop("stamps"),
                                  rec.pop("t0"), rec.pop("up"), rec.pop("down")), **rec}

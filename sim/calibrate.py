@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from acespec.sim.des import ModelCosts
+from acespec.sim.des_scenario import ModelCosts
 
 
 def acceptance_from_al(al: float, depth: int) -> float:
@@ -73,9 +73,9 @@ def time_drafter(drafter_path: str, tokens: int = 32) -> float:
     runs = []
     for i in range(5):
         d.truncate(0, 0)
-        d.propose(prompt, 1, SamplingParams(), PositionalRng(0, 64, 0))  # prefill outside
+        d.draft(prompt, 1, SamplingParams(), PositionalRng(0, 64, 0))  # prefill outside
         t = time.perf_counter()
-        d.propose(prompt, tokens, SamplingParams(), PositionalRng(i, 64, 0))
+        d.draft(prompt, tokens, SamplingParams(), PositionalRng(i, 64, 0))
         runs.append((time.perf_counter() - t) / tokens)
     d.close()
     return float(statistics.median(runs))

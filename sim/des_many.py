@@ -19,11 +19,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from acespec.cloud.verify.proposals import worth_depth
-from acespec.sim.des import ModelCosts, Scenario
+from acespec.shared import modes
 from acespec.sim.des_decided import DecidingVerifier, DraftingEdge
+from acespec.sim.des_scenario import ModelCosts, Scenario
 from acespec.sim.stages import Chunk, LinkSpec
 
-MANY_MODES = ("ar", "acespec", "colo", "cloud-lookup")
+MANY_MODES = ("ar", "acespec", "colo", "cloud-lookup")  # the rows the model runs
 PROPOSE = 8  # cloud serve --propose's default: the most a lone pass scores
 
 
@@ -44,21 +45,22 @@ class Fleet:
 
 def scenario(mode: str, link: LinkSpec, fleet: Fleet, costs: ModelCosts, seed: int
              ) -> Scenario:
-    """One client's session in `mode`: acespec's edge drafts a chain; the rivals' edges
-    draft nothing (a window of 0) and the verifier proposes; ar proposes nothing."""
+    """One client's session in `mode`, from its row (acespec.shared.modes): an edge that
+    drafts sends a chain; one that does not has a window of 0. The verifier proposes by
+    prompt lookup, or with its gap drafter as deep as pays for one session (the draft step
+    counted per proposal); cloud-only decoding proposes nothing."""
+    if mode not in MANY_MODES:
+        raise ValueError(f"unknown mode {mode!r}; the model runs {', '.join(MANY_MODES)}")
+    m = modes.mode(mode)
     base = Scenario("acespec", link, accept=fleet.accept, depth=fleet.depth,
-                    window=fleet.window, tokens=fleet.tokens, decided=True, seed=seed)
-    lookup = dict(propose=PROPOSE, propose_accept=fleet.lookup_accept)
-    if mode == "acespec":
-        return replace(base, **lookup)
-    if mode == "cloud-lookup":
-        return replace(base, window=0, **lookup)
-    if mode == "colo":  # as deep as pays for one session, the draft step counted per proposal
+                    window=fleet.window if m.edge_drafts else 0, tokens=fleet.tokens,
+                    decided=True, seed=seed)
+    if m.cloud_only:
+        return base
+    if m.gap:
         k = worth_depth([fleet.accept] * PROPOSE, costs.target_s, 1, fleet.draft_base_s)
-        return replace(base, window=0, propose=k, propose_accept=fleet.accept)
-    if mode == "ar":
-        return replace(base, window=0)
-    raise ValueError(f"unknown mode {mode!r}; the model runs {', '.join(MANY_MODES)}")
+        return replace(base, propose=k, propose_accept=fleet.accept)
+    return replace(base, propose=PROPOSE, propose_accept=fleet.lookup_accept)
 
 
 def simulate_many(mode: str, clients: int, link: LinkSpec, fleet: Fleet, costs: ModelCosts,
@@ -87,7 +89,7 @@ def simulate_many(mode: str, clients: int, link: LinkSpec, fleet: Fleet, costs: 
             v.free = start
         planned = [v.plan() for v in batch]
         nodes = sum(n for n, _ in planned)
-        drafting = [p for _, p in planned if p] if mode == "colo" else []
+        drafting = [p for _, p in planned if p] if modes.mode(mode).gap else []
         steps = max(drafting, default=0)
         seconds = costs.target_s(nodes) + steps * (
             fleet.draft_base_s + fleet.draft_per_seq_s * len(drafting))

@@ -32,9 +32,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from acespec.shared import modes
 from acespec.sim.stages import LinkSpec
 
-LOAD_MODES = ("ar", "acespec", "acespec-gap", "colo", "cloud-lookup")
+LOAD_MODES = tuple(m for m in modes.NAMES if modes.MODES[m].offline == "wait"
+                   and modes.MODES[m].decides == "verifier")  # decided sessions, and ar
+DEFAULT_LOAD_MODES = ("ar", "acespec", "acespec-gap", "colo", "cloud-lookup")
 GPU_LIKE = "25,0.1,256"  # flat 25 ms up to 256 nodes a pass, then 0.1 ms per node
 SLO_SPEEDUP = 1.3  # per-client tokens/s >= this x ar's one-client rate, measured in the run
 SLO_TTFT_S = 2.0  # ... and TTFT p90 at most this
@@ -43,7 +46,7 @@ SLO_TTFT_S = 2.0  # ... and TTFT p90 at most this
 @dataclass(frozen=True)
 class LoadConfig:
     clients: tuple[int, ...] = (1, 2, 4, 8, 16)
-    modes: tuple[str, ...] = LOAD_MODES
+    modes: tuple[str, ...] = DEFAULT_LOAD_MODES
     link: str = "50kbit:50ms"
     emulate: str = GPU_LIKE  # the verifier's --emulate-step-ms
     cloud_draft: str = "5,0.05"  # the verifier's --emulate-cloud-draft-ms (colo)
@@ -58,9 +61,7 @@ class LoadConfig:
     slo_tok_s: float | None = None  # per-client tokens/s; None: slo_speedup x ar's 1-client
 
     def __post_init__(self):
-        bad = [m for m in self.modes if m not in LOAD_MODES]
-        if bad:
-            raise ValueError(f"unknown modes {bad}; bench load runs {', '.join(LOAD_MODES)}")
+        modes.check(self.modes, LOAD_MODES, "bench load")
         if not self.clients or any(n < 1 for n in self.clients):
             raise ValueError(f"--clients wants counts >= 1, got {self.clients}")
         if self.slo_tok_s is None and not ("ar" in self.modes and 1 in self.clients):
@@ -293,7 +294,6 @@ async def _clients(job: dict) -> None:
     from acespec.edge.text import TextCodec
     from acespec.shared.config import SamplingParams
     from acespec.shared.served import ServeParams
-    from acespec.sim.bench import GAP_MODES, NO_EDGE_DRAFTS, engine_mode
     from acespec.sim.proxy import ProxyThread
 
     clients, mode = job["clients"], job["mode"]
@@ -304,10 +304,9 @@ async def _clients(job: dict) -> None:
     proxy = ProxyThread(job["host"], job["port"], spec=LinkSpec(**job["spec"]),
                         seed=clients[0])
     via = f"127.0.0.1:{await proxy.start()}"
-    ecfg = EngineConfig(mode=engine_mode(mode), adaptive=True, depth=8, window=8,
+    ecfg = EngineConfig(mode=mode, adaptive=True, depth=8, window=8,
                         max_depth=8, max_window=32, max_tokens=job["max_tokens"],
-                        serve=ServeParams(SamplingParams(job["temperature"], coupled=True)),
-                        gap=mode in GAP_MODES, edge_drafts=mode not in NO_EDGE_DRAFTS)
+                        serve=ServeParams(SamplingParams(job["temperature"], coupled=True)))
     prompts = [codec.encode(p) for p in job["prompts"]]
 
     async def client(i: int, slot: int) -> None:

@@ -59,7 +59,7 @@ def generate_local(target, drafter, prompt: Sequence[int], max_tokens: int, dept
         stats.passes += 1
     committed, out = list(prompt), []
     while len(out) < max_tokens:
-        draft = drafter.propose(committed, depth, sampling, rng)
+        draft = drafter.draft(committed, depth, sampling, rng)
         base = cache.length
         logits = target([committed[-1], *draft.tokens.tolist()], cache).numpy()  # [D+1, V]
         if sampling.greedy:

@@ -6,44 +6,42 @@ from __future__ import annotations
 from dataclasses import replace
 
 from acespec.cloud.verify.proposals import worth_depth
+from acespec.shared import modes
 from acespec.sim.des import ModelCosts, Scenario, simulate
 from acespec.sim.stages import LinkSpec
 
-# The modes by the bench's names (acespec.sim.bench.BENCH_MODES), greedy or coupled: acespec
-# is the verifier deciding with the speculation tree's guessed branches; acespec-chain the
-# same with one drafted chain (the verifier decides and never waits); acespec-gap adds the
-# verifier's gap drafter, which proposes in each pass no draft covers as many tokens (up to
-# GAP_PROPOSE) as the verifier's rule finds worth it (acespec.cloud.verify.proposals.worth_depth),
-# accepted like the edge's drafts and each costing the drafter's own decode time (the edge's,
-# a stand-in for a server's). Two more: acespec-exact is acespec as `--sampling exact` runs it
-# (the edge decides: pipeline plus the state cache's recovery branches), acespec-ideal the
-# model's ideal of it, a state cache whose hits keep the pipeline flowing.
-# With lookup_accept > 0, acespec-chain and acespec lone passes score the verifier's
-# prompt-lookup proposals (cloud serve --propose, up to GAP_PROPOSE, free to find), each
-# taken with that per-position acceptance (acespec.sim.calibrate.lookup_acceptance fits it
-# to a real run's tokens per lone pass; prompt lookup's reach depends on the text).
-MODES = ("ar", "sd", "pipeline", "acespec-exact", "acespec-ideal", "acespec-chain", "acespec",
-         "acespec-gap")
-DECIDED = ("acespec-chain", "acespec", "acespec-gap")
+# The modes the model sweeps, rows of acespec.shared.modes, greedy or coupled (the model
+# reads each row: who drafts, who decides, branches, the gap drafter). A mode the verifier
+# decides never waits for the edge; with the gap drafter, each pass no draft covers proposes
+# as many tokens (up to GAP_PROPOSE) as the verifier's rule finds worth it
+# (acespec.cloud.verify.proposals.worth_depth), accepted like the edge's drafts and each
+# costing the drafter's own decode time. acespec-exact is the edge deciding (pipeline plus
+# the speculation tree's guessed branches). With lookup_accept > 0, the decided modes' lone
+# passes score the verifier's prompt-lookup proposals (cloud serve --propose, up to
+# GAP_PROPOSE, free to find), each taken with that per-position acceptance
+# (acespec.sim.calibrate.lookup_acceptance fits it to a real run's tokens per lone pass).
+MODES = ("ar", "sd", "pipeline", "acespec-exact", "acespec-chain", "acespec", "acespec-gap")
+DECIDED = tuple(m for m in MODES if modes.mode(m).verifier_decides(True))
 GAP_PROPOSE = 8  # cloud serve --propose's default: the most a lone pass scores
 
 
-def _scenario(base: Scenario, mode: str, costs: ModelCosts, lookup_accept: float = 0.0
+def _scenario(base: Scenario, name: str, costs: ModelCosts, lookup_accept: float = 0.0
               ) -> Scenario:
-    lookup = {"propose": GAP_PROPOSE, "propose_accept": lookup_accept} if lookup_accept else {}
-    if mode == "acespec-gap":
+    """The model's scenario for mode `name`, from its row."""
+    m = modes.mode(name)
+    if m.cloud_only:
+        return replace(base, mode="ar")
+    if m.decides == "edge":
+        kind = "acespec" if m.branches else "pipeline" if m.pipelined else "sd"
+        return replace(base, mode=kind)
+    tree = {"tree": True, "branch_depth": 4} if m.branches else {}
+    sc = replace(base, mode="acespec", decided=True, **tree)
+    if m.gap:
         k = worth_depth([base.accept] * GAP_PROPOSE, costs.target_s, 1, costs.draft_s)
-        return replace(_scenario(base, "acespec", costs), propose=k,
-                       propose_accept=base.accept, propose_s=costs.draft_s)
-    if mode == "acespec-exact":
-        return replace(base, mode="acespec")
-    if mode == "acespec-ideal":
-        return replace(base, mode="acespec", hit_continues=True)
-    if mode == "acespec-chain":
-        return replace(base, mode="acespec", decided=True, **lookup)
-    if mode == "acespec":
-        return replace(base, mode="acespec", decided=True, tree=True, branch_depth=4, **lookup)
-    return replace(base, mode=mode)
+        return replace(sc, propose=k, propose_accept=base.accept, propose_s=costs.draft_s)
+    if lookup_accept:
+        return replace(sc, propose=GAP_PROPOSE, propose_accept=lookup_accept)
+    return sc
 
 
 def sweep(costs: ModelCosts, accept: float, hit_rate: float, rates_bps, rtts_s, depths,

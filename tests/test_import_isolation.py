@@ -34,7 +34,7 @@ print(' '.join(mods))
 
 @pytest.mark.parametrize("sub,blocked,some", [
     ("edge", {"torch", "triton", "safetensors", "acespec.cloud", "acespec.kernels"},
-     {"acespec.edge.session.exact", "acespec.edge.speculation.grow_tree",
+     {"acespec.edge.session.edge_decided", "acespec.edge.speculation.grow_tree",
       "acespec.edge.drafting.llama", "acespec.edge.api.app"}),
     ("shared", {"torch", "triton", "llama_cpp", "acespec.edge", "acespec.cloud"},
      {"acespec.shared.walk"}),
@@ -54,7 +54,7 @@ def test_subpackage_imports_without(sub, blocked, some):
 
 CLI_MODULES = {"acespec.cli", "acespec.cli_generate", "acespec.demo", "acespec.edge.cli",
                "acespec.cloud.cli", "acespec.sim.cli", "acespec.sim.bench_cli",
-               "acespec.cloud.__main__"}
+               "acespec.sim.bench_commands", "acespec.cloud.__main__"}
 
 LIBRARY_SCRIPT = """
 import importlib, pkgutil, sys

@@ -2,7 +2,7 @@
 
 Requests share one drafter and one gRPC channel to the verifier. The drafter's context is
 sized for `max_concurrent` generations of `ctx_per_request` tokens each: a generation holds
-one drafter sequence (and one more for its state-cache branches) while it runs; the others
+one drafter sequence (and one more for its guessed branches) while it runs; the others
 wait in a queue of at most `max_queue`, beyond which a request gets 503 with Retry-After,
 and a request longer than `ctx_per_request` gets 400: the context is never overrun.
 Streaming uses server-sent events in OpenAI's chunk format ending in [DONE].
@@ -192,8 +192,8 @@ class EdgeService:
 
     def config(self, req: CompletionRequest, index: int) -> EngineConfig:
         seed = (req.seed if req.seed is not None else int(time.time_ns() % 2**31)) + index
-        coupled = self.base.verifier_decides if req.sampling is None else \
-            req.sampling == "coupled"  # 'exact': the edge decides (tree protocol)
+        sampling = req.sampling or self.base.sampling  # 'exact': the edge decides
+        coupled = sampling == "coupled"
         serve = ServeParams(SamplingParams(req.temperature, req.top_k, req.top_p, coupled),
                             send_mass=self.base.serve.send_mass, k_max=self.base.serve.k_max)
         grammar = req.grammar if req.tools is None else req.tools.grammar
@@ -203,7 +203,7 @@ class EdgeService:
         try:
             return replace(self.base, serve=serve, seed=seed,
                            max_tokens=max(1, req.max_tokens),  # 0 (echo): never generated
-                           verifier_decides=coupled, offline=req.offline or self.base.offline,
+                           sampling=sampling, offline=req.offline or self.base.offline,
                            stop_ids=stops, backoff_s=0.1, logprobs=req.logprobs,
                            reconnect_deadline_s=self.reconnect_deadline_s)
         except ValueError as e:  # logprobs, not served in this session's mode

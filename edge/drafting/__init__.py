@@ -1,4 +1,4 @@
-"""Drafters behind one interface, `Drafter.propose(context, n, sampling, rng) -> Draft`:
+"""Drafters behind one interface, `Drafter.draft(context, n, sampling, rng) -> Draft`:
 
     base.py    Draft, the Drafter protocol, draw (sampling a draft from q)
     llama.py   LlamaDrafter: llama.cpp on a GGUF file (batched, forked sequences)

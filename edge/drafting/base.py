@@ -1,4 +1,4 @@
-"""The drafter interface: one obvious method, `propose`."""
+"""The drafter interface: one obvious method, `draft`."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from acespec.shared.sampling import sample
 
 @dataclass(frozen=True)
 class Draft:
-    """Tokens a drafter proposes after a context, with the distribution each was drawn from."""
+    """Tokens a drafter drafts after a context, with the distribution each was drawn from."""
 
     tokens: np.ndarray  # [n] int32 draft token ids
     q: np.ndarray  # [n, V] float64 draft distributions (after the request's sampling transform)
     ranks: np.ndarray | None = None  # [n, V] float64 the drafter's plain softmax (T = 1): how
-    # likely the alternatives are, even when q is one-hot (greedy); the state cache ranks
+    # likely the alternatives are, even when q is one-hot (greedy); the speculation tree ranks
     # its guesses by it
 
     def __len__(self) -> int:
@@ -29,7 +29,7 @@ class Draft:
 class Drafter(Protocol):
     vocab_size: int
 
-    def propose(self, context: Sequence[int], n: int, sampling: SamplingParams,
+    def draft(self, context: Sequence[int], n: int, sampling: SamplingParams,
                 rng: np.random.Generator, seq: int = 0) -> Draft:
         """Draft n tokens continuing `context` (all token ids so far) in sequence slot `seq`.
         Each token is drawn from q with `rng` (argmax when greedy)."""

@@ -1,7 +1,7 @@
 """The llama.cpp drafter: a GGUF model driven through llama-cpp-python's low-level API.
 
 Token ids in, draft distributions out. The KV cache is managed per sequence: each `seq`
-remembers which tokens it holds, so `propose` only feeds what is new (after truncating what
+remembers which tokens it holds, so `draft` only feeds what is new (after truncating what
 diverged), and `fork` copies a prefix to another sequence without recomputing it.
 """
 
@@ -274,7 +274,7 @@ class LlamaDrafter:
             yield group
 
     @_locked
-    def propose_many(self, contexts: Sequence[Sequence[int]], sampling: SamplingParams,
+    def draft_many(self, contexts: Sequence[Sequence[int]], sampling: SamplingParams,
                      rngs: Sequence, seqs: Sequence[int]) -> list[Draft]:
         """One draft token after each context (batched; see next_logits_many)."""
         rows = self.next_logits_many(contexts, seqs)
@@ -282,7 +282,7 @@ class LlamaDrafter:
                 for row, rng, ctx, seq in zip(rows, rngs, contexts, seqs)]
 
     @_locked
-    def propose(self, context: Sequence[int], n: int, sampling: SamplingParams,
+    def draft(self, context: Sequence[int], n: int, sampling: SamplingParams,
                 rng: np.random.Generator, seq: int = 0) -> Draft:
         """Draft n tokens after `context` in sequence `seq`; q after the sampling transform."""
         steps, logits = [], self.next_logits(context, seq)
@@ -387,7 +387,7 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def _one_draft(logits: np.ndarray, sampling: SamplingParams, rng,
                text: Sequence[int] = (), grammar: Cursor | None = None) -> Draft:
-    """A one-token Draft from logits [V] after `text` (every token before it), as `propose`
+    """A one-token Draft from logits [V] after `text` (every token before it), as `draft`
     draws it: penalised and constrained as the verifier's target is, if the request asks."""
     logits = shape(logits, text, sampling, grammar)
     q = transform(logits[None], sampling)[0]

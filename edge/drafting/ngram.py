@@ -14,14 +14,14 @@ from acespec.shared.lookup import lookup
 
 class NgramDrafter:
     """Prompt-lookup drafter (as in vLLM's NgramProposer): tries n-grams from max_n down to
-    min_n; with no match it repeats the last token, so it always proposes n tokens."""
+    min_n; with no match it repeats the last token, so it always drafts n tokens."""
 
     def __init__(self, vocab_size: int, min_n: int = 1, max_n: int = 4):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.vocab_size, self.min_n, self.max_n = vocab_size, min_n, max_n
 
-    def propose(self, context: Sequence[int], n: int, sampling: SamplingParams,
+    def draft(self, context: Sequence[int], n: int, sampling: SamplingParams,
                 rng: np.random.Generator, seq: int = 0) -> Draft:
         ctx = list(context)
         if not ctx:

@@ -5,11 +5,12 @@ resume policy), the runner (what every mode shares), and one driver per wire pro
     runner.py      Runner: committed text, stats, drafter calls, positional RNGs, learning
     driver.py      the Driver interface; the downlink reader every streaming driver uses
     ar.py          ArDriver      Generate (cloud-only)
-    exact.py       ExactDriver   Extend/Scores (the edge walks; sd, pipeline, acespec-exact)
-    decided.py     DecidedDriver: what both decided drivers share (the Decided stream)
-    chain.py       ChainDriver   Drafts/Decided (one chain)
-    grow.py        GrowDriver    Grow/Decided (a speculation tree)
-    live_nodes.py  the verifier's grant of live nodes (exact sessions)
+    edge_decided.py  EdgeDecidedDriver  Extend/Scores (the edge walks the scores: sd,
+                   pipeline, acespec-exact, exact sampling)
+    decided.py     DecidedDriver: what the verifier-decided drivers share (the Decided stream)
+    grow.py        GrowDriver    Grow/Decided (a speculation tree; a chain without branches)
+    no_draft.py    NoDraftDriver Decided only (the edge drafts nothing: colo, cloud-lookup)
+    live_nodes.py  the verifier's grant of live nodes (edge-decided sessions)
     config.py      EngineConfig, Stats
 """
 

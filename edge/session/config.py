@@ -9,9 +9,11 @@ import numpy as np
 from acespec.edge.session.offline import OFFLINE_MODES
 from acespec.edge.speculation.branches import CacheConfig, CacheStats
 from acespec.shared.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
+from acespec.shared.modes import Mode
+from acespec.shared.modes import mode as mode_named
 from acespec.shared.served import ServeParams
 
-MODES = ("ar", "sd", "pipeline", "acespec")
+SAMPLINGS = ("coupled", "exact")  # who decides a sampled session: see EngineConfig.sampling
 MAX_DEPTH, MAX_WINDOW = 64, 1024  # the largest --depth and --window an edge accepts
 GROW_SEQS = 6  # drafter sequences a request's speculation tree may use besides its main one
 # What one more node adds to a verifier pass: a planning guess, the 40,0.5 profile's per-node
@@ -21,7 +23,7 @@ NODE_PASS_S = 5e-4
 
 @dataclass(frozen=True)
 class EngineConfig:
-    mode: str = "pipeline"
+    mode: str = "pipeline"  # a name in acespec.shared.modes.MODES
     depth: int = 4  # drafts per Extend
     window: int = 16  # most live (uncommitted) nodes in pipeline mode
     serve: ServeParams = field(default_factory=ServeParams)
@@ -33,19 +35,15 @@ class EngineConfig:
     reconnect_deadline_s: float | None = None  # set: retry an outage for this long, however
     # many reconnects that takes (max_reconnects then does not apply; delays cap at 2 s)
     connect_timeout_s: float = 3.0  # give up this soon when no session ever opened
-    cache: CacheConfig = field(default_factory=CacheConfig)  # acespec mode only
-    grow_tree: bool = True  # decided sessions: a speculation tree (Grow) where the verifier
-    # takes it; False: one drafted chain (Drafts), as `--no-tree` and `acespec-chain` ask
-    verifier_decides: bool = True  # acespec, greedy/coupled: the verifier decides (Drafts/
-    # Decided); False keeps the tree protocol with the state cache's branches
+    cache: CacheConfig = field(default_factory=CacheConfig)  # modes with branches
+    sampling: str = "coupled"  # coupled: a sampled session is decided where the mode decides
+    # (the verifier, in acespec); exact: at the edge, by rejection sampling, in every mode
     adaptive: bool = False  # depth/window follow the link (acespec.edge.speculation.adaptive); start at depth/window
     max_depth: int = 8  # bounds for the adaptive shape
     max_window: int = 32
-    gap: bool = True  # decided sessions: the verifier's gap drafter (if any) may propose
-    edge_drafts: bool = True  # decided sessions: False, the edge drafts nothing and the
-    # verifier speculates alone (the bench's colo and cloud-lookup rivals)
     offline: str = "wait"  # while the verifier cannot be reached: wait (lossless pause) or
-    # local (answer from the drafter, every token flagged unverified; acespec.edge.session.offline)
+    # local (answer from the drafter, every token flagged unverified; acespec.edge.session.offline);
+    # a mode whose row says local answers locally whatever this says
     stall_s: float | None = None  # a session silent this long while owing an answer counts
     # as down (None: the mode's default, offline.STALL_S)
     logprobs: int | None = None  # the target's logprobs of each token, with this many
@@ -59,8 +57,14 @@ class EngineConfig:
         return (1 + GROW_SEQS) * per_seq + self.cache.branch_depth + 2
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        spec = mode_named(self.mode)  # ValueError naming the modes
+        if spec.offline == "local":
+            object.__setattr__(self, "offline", "local")
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
+        if spec.drafts == "verifier" and not self.decided:
+            raise ValueError(f"mode {self.mode} has the verifier speculate alone, so it must "
+                             "decide: greedy or coupled sampling, not exact")
         if self.depth < 1 or self.window < self.depth:
             raise ValueError("need depth >= 1 and window >= depth")
         if self.offline not in OFFLINE_MODES:
@@ -77,10 +81,21 @@ class EngineConfig:
             self._check_logprobs()
 
     @property
+    def spec(self) -> Mode:
+        """This mode's row (acespec.shared.modes)."""
+        return mode_named(self.mode)
+
+    @property
+    def decided(self) -> bool:
+        """A session the verifier decides (Grow/Decided): the mode lets it decide, and the
+        sampling is greedy or coupled (not exact)."""
+        return self.spec.verifier_decides(self.serve.sampling.decided
+                                          and self.sampling != "exact")
+
+    @property
     def verifier_decides_all(self) -> bool:
-        """The verifier decides every token: ar mode, or acespec greedy or coupled."""
-        return self.mode == "ar" or (self.mode == "acespec" and self.serve.sampling.decided
-                                     and self.verifier_decides)
+        """The verifier decides every token: cloud-only decoding, or a decided session."""
+        return self.spec.cloud_only or self.decided
 
     def _check_logprobs(self) -> None:
         """Logprobs come from the verifier with each token it decides: in ar mode, and in
@@ -113,7 +128,7 @@ class Stats:
     first_token_s: float | None = None
     round_trips: list[float] = field(default_factory=list)  # Extend sent -> its Scores, seconds
     cache: CacheStats = field(default_factory=CacheStats)  # acespec mode
-    budgets: dict | None = None  # acespec mode: the state cache's budgets in force
+    budgets: dict | None = None  # acespec mode: the branch budgets in force
     depth: int | None = None  # the adaptive shape in force at the end
     window: int | None = None
     shape_changes: int = 0

@@ -2,10 +2,13 @@
 
 A driver runs one connection attempt of one request in one wire protocol:
 
-* ar      (acespec.edge.session.ar)      `Generate`: the verifier decodes alone.
-* exact   (acespec.edge.session.exact)   `Extend`/`Scores`: the edge walks the scored tree.
-* chain   (acespec.edge.session.chain)   `Drafts`/`Decided`: the verifier decides, one chain.
-* grow    (acespec.edge.session.grow)    `Grow`/`Decided`: the verifier decides, a tree.
+* ar            (acespec.edge.session.ar)            `Generate`: the verifier decodes alone.
+* edge-decided  (acespec.edge.session.edge_decided)  `Extend`/`Scores`: the edge walks the
+  scored tree.
+* grow          (acespec.edge.session.grow)          `Grow`/`Decided`: the verifier decides;
+  the edge streams a tree (a chain where the mode has no branches).
+* no draft      (acespec.edge.session.no_draft)      `Decided`: the verifier decides and
+  speculates alone.
 
 It reads and writes the request's state only through the Runner's public surface
 (acespec.edge.session.runner), returns when the request is finished, and raises when the

@@ -1,14 +1,15 @@
 """The edge engine: one request decoded against a remote verifier, in any mode.
 
-Modes (EngineConfig.mode) and the wire protocol that serves each:
+A mode (EngineConfig.mode, a row of acespec.shared.modes) picks the wire protocol and its
+driver:
 
-* ar       - cloud-only `Generate` (the baseline; no drafter)      -> ArDriver
-* sd       - draft `depth`, send, wait, walk, repeat               -> ExactDriver
-* pipeline - keep drafting past in-flight nodes up to `window`     -> ExactDriver
-* acespec  - the verifier decides (greedy/coupled) and the edge streams a speculation
-             tree (`Grow`, GrowDriver) or one chain (`Drafts`, ChainDriver); with random
-             sampling, or against a verifier that cannot decide, pipeline plus the state
-             cache's branches (ExactDriver).
+* nobody drafts (ar)                       -> `Generate`, ArDriver
+* the verifier decides (acespec and its variants, greedy or coupled; the rivals colo and
+  cloud-lookup)                            -> `Grow`/`Decided`: GrowDriver streams the
+  speculation tree (a chain where the mode has no branches); NoDraftDriver where the edge
+  drafts nothing
+* the edge decides (sd, pipeline, acespec-exact, and every mode with exact sampling or
+  against a verifier that cannot decide) -> `Extend`/`Scores`, EdgeDecidedDriver
 
 All modes sample p~ exactly; greedy gives the same text in every mode. The Runner holds the
 committed text across connection attempts: if the verifier goes away, the engine reconnects
@@ -33,10 +34,9 @@ import grpc
 
 from acespec.edge.client import CloudSession
 from acespec.edge.session.ar import ArDriver
-from acespec.edge.session.chain import ChainDriver
 from acespec.edge.session.config import GROW_SEQS, EngineConfig, Stats
 from acespec.edge.session.driver import Driver, Lost, read_downlink
-from acespec.edge.session.exact import ExactDriver
+from acespec.edge.session.edge_decided import EdgeDecidedDriver
 from acespec.edge.session.grow import GrowDriver
 from acespec.edge.session.no_draft import NoDraftDriver
 from acespec.edge.session.offline import OnEvent
@@ -70,7 +70,7 @@ class EdgeEngine:
         stats.unverified_tail holds what stayed unverified if the verifier never came back.
         Raises ConnectionError when the verifier cannot be reached (soon, if it never was),
         grpc.aio.AioRpcError when it refuses, GrantTooSmall when its grant is too small."""
-        if cfg.mode != "ar" and cfg.edge_drafts and self.drafter is None:
+        if cfg.spec.edge_drafts and self.drafter is None:
             raise ValueError(f"mode {cfg.mode!r} needs a drafter")
         if cfg.serve.sampling.shaped:  # where the output (what penalties, grammars count) starts
             cfg = _output_from(cfg, len(prompt))
@@ -121,7 +121,7 @@ class EdgeEngine:
                 await watch.over(_connected_by(ch, until))
             # The first open may prefill a long prompt: only a re-open is bounded.
             reopen_by = until if run.connected else None
-            if run.cfg.mode == "ar":
+            if run.cfg.spec.cloud_only:
                 passes = run.stats.passes  # a token streamed: the verifier answers
                 await _by(ArDriver(run, ch, self.vocab_hash, self.token).drive(), reopen_by,
                           lambda: run.stats.passes > passes)
@@ -153,24 +153,21 @@ class EdgeEngine:
             run.detach()
 
     async def _open(self, run: Runner, sess: CloudSession, inbox: asyncio.Queue) -> Driver:
-        """Open the session and pick its driver: the verifier decides in acespec mode with
-        greedy/coupled sampling (an older verifier answers with a root score instead)."""
+        """Open the session and pick its driver: the verifier decides where the mode and
+        the sampling let it (a verifier that cannot decide answers with a root score)."""
         cfg = run.cfg
-        if cfg.mode == "acespec" and cfg.serve.sampling.decided and cfg.verifier_decides:
+        if cfg.decided:
             root = await sess.open_decided(run.context, cfg.serve, cfg.seed, self.vocab_hash,
                                            cfg.max_tokens - len(run.out), sorted(cfg.stop_ids),
-                                           gap=cfg.gap, logprobs=cfg.logprobs)
-            if root is None and not cfg.edge_drafts:
-                return NoDraftDriver(run, sess, inbox)
+                                           gap=cfg.spec.gap, logprobs=cfg.logprobs)
             if root is None:
-                grow = sess.grows and cfg.grow_tree
-                return (GrowDriver if grow else ChainDriver)(run, sess, inbox)
+                return (GrowDriver if cfg.spec.edge_drafts else NoDraftDriver)(run, sess, inbox)
         else:
             # Commits ride on the next Extend, so the verifier frees dead and committed
             # nodes one Extend later than the edge does: it may hold up to twice the window.
             root = await sess.open(run.context, cfg.serve, cfg.seed, self.vocab_hash,
-                                   max_live_nodes=ExactDriver.live_limit(cfg))
-        return ExactDriver(run, sess, inbox, root)
+                                   max_live_nodes=EdgeDecidedDriver.live_limit(cfg))
+        return EdgeDecidedDriver(run, sess, inbox, root)
 
 
 class Watch:

@@ -1,9 +1,10 @@
-"""The edge's side of a decided session with a speculation tree (Grow; docs/design.md §6).
+"""The edge's side of a decided session: the speculation tree over Grow (docs/design.md §6).
 
 The verifier decides every token and never waits for the link (acespec.cloud.verify.decided); the
 edge grows a tree of likely continuations beside the decided text (acespec.edge.speculation.grow_tree)
-and streams its new nodes up: the drafted line, guessed recovery tokens at the positions
-where a rejection is likely, and continuations of both. Each decided token re-roots the
+and streams its new nodes up: the drafted line, guessed recovered tokens at the positions
+where a rejection is likely, and continuations of both. In a mode without branches
+(acespec-chain, the rivals' edge) the tree is the drafted line alone: a chain. Each decided token re-roots the
 tree: an accepted draft or a hit on a guessed branch keeps the subtree below it, already
 sent and often already scored, so the pipeline flows on with no round trip; a miss drops
 the tree and growth restarts from the decided text (the verifier decodes alone meanwhile).
@@ -51,12 +52,13 @@ PACE_SHARE = 0.5
 
 
 class GrowDriver(DecidedDriver):
-    """Runs one connection attempt of a decided session whose verifier takes Grow."""
+    """Runs one connection attempt of a decided session in which the edge drafts."""
 
     def __init__(self, run: Runner, sess: CloudSession, inbox: asyncio.Queue):
         super().__init__(run, sess, inbox)
         context = run.context
-        self.tree = GrowTree(context[-1], len(context), run.acc, run.cfg.cache.guesses)
+        guesses = run.cfg.cache.guesses if run.cfg.spec.branches else 0
+        self.tree = GrowTree(context[-1], len(context), run.acc, guesses)
         limit = getattr(getattr(run.drafter, "config", None), "n_seq_max", 1 << 30)
         self.free = [s for s in run.branch_seqs if s != run.seq and s < limit]
         self.tree.root.seq = run.seq
@@ -154,7 +156,7 @@ class GrowDriver(DecidedDriver):
         if not grow:
             return False
         contexts = [run.context + tree.path(n) for n in grow]
-        drafts = await run.propose_many(contexts, [n.seq for n in grow])
+        drafts = await run.draft_many(contexts, [n.seq for n in grow])
         for n, d in zip(grow, drafts):
             tree.expand(n, int(d.tokens[0]), d.q[0] if d.ranks is None else d.ranks[0],
                         run.rec)
@@ -198,7 +200,7 @@ class GrowDriver(DecidedDriver):
         if n <= 0 or self._seq_for(tip) is None:
             return False
         context = run.context + tree.path(tip)
-        draft = await run.propose(context, n, tip.seq)
+        draft = await run.draft(context, n, tip.seq)
         ranks = draft.q if draft.ranks is None else draft.ranks
         node = tip
         for tok, r in zip(draft.tokens.tolist(), ranks):
@@ -215,7 +217,9 @@ class GrowDriver(DecidedDriver):
 
     def _branch_room(self, walked: list) -> int:
         """Nodes the guessed branches may still add: their share of the window, less what
-        they hold (walked: GrowTree.walk())."""
+        they hold (walked: GrowTree.walk()); none in a mode without branches."""
+        if not self.run.cfg.spec.branches:
+            return 0
         return int(self.window * BRANCH_SHARE) - sum(b for _, _, b in walked)
 
     def _guess(self, walked: list, room: int) -> list[Node]:

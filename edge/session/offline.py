@@ -156,7 +156,7 @@ class Offline:
                 return
             context = run.context + run.unverified
             draft = await asyncio.to_thread(
-                run.drafter.propose, context, min(LOCAL_CHUNK, room), run.cfg.serve.sampling,
+                run.drafter.draft, context, min(LOCAL_CHUNK, room), run.cfg.serve.sampling,
                 run.draft_rng(len(context)), seq=run.seq)
             new = []
             for t in map(int, draft.tokens):

@@ -173,24 +173,24 @@ class Runner:
 
     # -- drafting -------------------------------------------------------------------
 
-    async def propose(self, context: list[int], n: int, seq: int):
+    async def draft(self, context: list[int], n: int, seq: int):
         """Draft n tokens after context in drafter sequence seq, in a worker thread: the
         event loop meanwhile reads the downlink, writes the uplink and serves HTTP (a slow
         edge drafts for tens of ms per call). Timed into draft_s."""
         t0 = time.perf_counter()
-        draft = await asyncio.to_thread(self.drafter.propose, context, n,
+        draft = await asyncio.to_thread(self.drafter.draft, context, n,
                                         self.cfg.serve.sampling, self.draft_rng(len(context)),
                                         seq=seq)
         self._count_drafts(t0, len(draft))
         return draft
 
-    async def propose_many(self, contexts: list[list[int]], seqs: list[int]) -> list:
+    async def draft_many(self, contexts: list[list[int]], seqs: list[int]) -> list:
         """One draft token after each context, each in its own sequence: one batched decode
-        in a worker thread (as `propose`) where the drafter batches, else one call each."""
-        if not hasattr(self.drafter, "propose_many"):
-            return [await self.propose(c, 1, s) for c, s in zip(contexts, seqs)]
+        in a worker thread (as `draft`) where the drafter batches, else one call each."""
+        if not hasattr(self.drafter, "draft_many"):
+            return [await self.draft(c, 1, s) for c, s in zip(contexts, seqs)]
         t0 = time.perf_counter()
-        drafts = await asyncio.to_thread(self.drafter.propose_many, contexts,
+        drafts = await asyncio.to_thread(self.drafter.draft_many, contexts,
                                          self.cfg.serve.sampling,
                                          [self.draft_rng(len(c)) for c in contexts], seqs)
         self._count_drafts(t0, len(contexts))

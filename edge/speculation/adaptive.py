@@ -1,4 +1,4 @@
-"""Adaptive draft depth and window, and link-derived state-cache budgets (docs/design.md §6).
+"""Adaptive draft depth and window, and link-derived branch budgets (docs/design.md §6).
 
 `LinkEstimate` follows what the edge can see of the link: each Extend's round trip (sent ->
 its Scores), the verifier's own time in it (each Scores carries it: queue + pass), and the
@@ -158,7 +158,7 @@ def choose_shape(a: float, base_rtt: float, bandwidth: float, draft_s: float,
 
 @dataclass(frozen=True)
 class LinkBudgets:
-    """Per-chunk state-cache budgets from the measured link and device: a share of what the
+    """Per-chunk branch budgets from the measured link and device: a share of what the
     link carries in one round trip, and the edge's idle time inside it."""
 
     share: float = 0.25  # of the link's bytes per round trip given to branches

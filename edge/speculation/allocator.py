@@ -1,4 +1,4 @@
-"""Lagrangian sizing of the state cache (docs/design.md §6): which branches to pre-build
+"""Lagrangian sizing of the speculation tree (docs/design.md §6): which branches to pre-build
 and upload.
 
 Each candidate b is a tree node (a branch's first token, or a draft below it) with a value

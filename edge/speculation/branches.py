@@ -1,4 +1,4 @@
-"""The probabilistic state cache (docs/design.md §6): recovery branches pre-built and pre-scored.
+"""Guessed branches of the speculation tree, pre-built and pre-scored (docs/design.md §6).
 
 While a chunk of drafts is in flight, the edge guesses, for draft positions j, the token c
 that would be recovered if the draft at j were rejected (from q's ranks), drafts a few

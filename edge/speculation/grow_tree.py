@@ -1,7 +1,7 @@
-"""The speculation tree of a decided session (the state cache, docs/design.md §6).
+"""The speculation tree of a decided session (docs/design.md §6).
 
 The edge keeps one tree per session, rooted at its committed text: the drafted line and the
-guessed recovery branches alike are leaves that can grow. A node's value is the probability
+guessed guessed branches alike are leaves that can grow. A node's value is the probability
 that its path becomes the accepted path: a drafted child multiplies its parent's by the
 calibrated P(accept) of the draft's confidence; a guessed child c (an alternative the
 drafter ranks high) by P(the draft is rejected) * P(recovered = c | rejection). Growth

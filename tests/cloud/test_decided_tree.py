@@ -1,6 +1,6 @@
 """The verifier-decided session over the edge's speculation tree (Grow; docs/design.md §6): a pass
 feeds the pending tree and the walk follows whichever child it decides, so a guessed
-recovery branch that was already sent continues with no round trip; dead subtrees are never
+guessed branch that was already sent continues with no round trip; dead subtrees are never
 scored; every node is accounted once."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from acespec.cloud.errors import InvalidArgument
-from acespec.cloud.verify.decide import DecideLimits
-from acespec.cloud.verify.decided import PENDING, ROOT, DecidedSession
+from acespec.cloud.verify.decided import PENDING, ROOT, DecidedSession, DecideLimits
+from acespec.proto.codec import WireError, decode_grow, encode_grow
 from acespec.shared.served import ServeParams
 
 from test_decided import V, check_counts, target, truth  # the same toy target
@@ -121,8 +121,6 @@ def test_random_trees_decide_the_truth_and_count_every_node_once():
 
 
 def test_grow_messages_round_trip_and_bad_parents_are_wire_errors():
-    from acespec.proto.codec import WireError, decode_grow, encode_grow
-
     rng = np.random.default_rng(0)
     for _ in range(500):
         first, n = int(rng.integers(0, 500)), int(rng.integers(1, 9))

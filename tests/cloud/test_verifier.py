@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import plain_greedy
 
@@ -14,8 +16,10 @@ torch = pytest.importorskip("torch")
 from acespec.cloud.serving.server import ServerConfig  # noqa: E402
 from acespec.cloud.verify.batcher import StepEmulation  # noqa: E402
 from acespec.edge.client import CloudSession, generate  # noqa: E402
+from acespec.proto import PROTOCOL_VERSION  # noqa: E402
+from acespec.proto import acespec_pb2 as pb  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
-from acespec.shared.served import ServeParams, node_score, served  # noqa: E402
+from acespec.shared.served import ServeParams, n_sent, node_score, served, tail_draws  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 
 from verifier_harness import channel, run, running_verifier  # noqa: E402
@@ -154,16 +158,12 @@ def test_more_tail_continues_the_stream(target):
             return root, await s.recv()
 
     root, tail = run(go())
-    from acespec.shared.served import n_sent, tail_draws
-
     dist = served(model(prompt, model.new_cache(), last_only=True)[0].numpy(), params)
     ids, _ = tail_draws(dist, n_sent(dist, params.send_mass), 3, len(prompt), 0, 5)
     assert root.tail_ids.tolist() == ids[:2].tolist() and tail.ids == ids[2:].tolist()
 
 
 def test_health_and_metrics(target):
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
     model, vh, prompt = target
 
     async def go():
@@ -172,8 +172,6 @@ def test_health_and_metrics(target):
                 health_pb2.HealthCheckRequest(service="acespec.v1.Verifier"))
             [t async for t in generate(ch, prompt, GREEDY, 0, 3, vh)]
             server, port = engine.metrics.serve(0, "127.0.0.1")
-            import urllib.request
-
             text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
             server.shutdown()
             return h.status, text.decode()
@@ -239,8 +237,6 @@ def test_the_first_token_goes_ahead_of_opened_when_the_edge_takes_it(target, ear
     Opened just before the next one, so on a slow link the first token does not wait behind
     Opened's bytes; not asked, Opened comes first, as an edge that does not know the field
     reads it. The decided text is the same either way."""
-    from acespec.proto import acespec_pb2 as pb
-
     model, vh, prompt = target
 
     async def go():
@@ -249,7 +245,7 @@ def test_the_first_token_goes_ahead_of_opened_when_the_edge_takes_it(target, ear
                                     request_serializer=pb.Uplink.SerializeToString,
                                     response_deserializer=pb.Downlink.FromString)()
             await call.write(pb.Uplink(open=pb.Open(
-                protocol_version=1, vocab_hash=vh, prompt_tokens=prompt,
+                protocol_version=PROTOCOL_VERSION, vocab_hash=vh, prompt_tokens=prompt,
                 decide=pb.Decide(max_tokens=4, first_before_opened=early))))
             kinds, tokens = [], []
             async for msg in call:
@@ -278,7 +274,7 @@ def test_the_edge_reads_its_first_token_before_opened(target):
         async with running_verifier(model, vh) as (_, addr), channel(addr) as ch:
             sess = CloudSession(ch)
             assert await sess.open_decided(prompt, GREEDY, 0, vh, 5, []) is None
-            assert sess.session_id == "" and sess.grows
+            assert sess.session_id == "" and sess.next_id == 0  # Grow ids count from 0
             tokens = []
             while True:
                 d = await sess.recv()

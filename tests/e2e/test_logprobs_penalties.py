@@ -38,8 +38,8 @@ def target(tiny_pair):
     """(answer(n, sampling params, seed) -> (ids [n], log-softmax rows [n, V]), a token's
     text, the prompt's ids, the text of ids): the target alone deciding each token from one
     forward pass over what precedes it, by the verifier's own rule
-    (acespec.cloud.verify.decided.decide)."""
-    from acespec.cloud.verify.decide import decide
+    (acespec.cloud.verify.verdict.decide)."""
+    from acespec.cloud.verify.verdict import decide
     from acespec.edge.text import TextCodec
     from acespec.shared.tokenizer import Tokenizer
 
@@ -206,8 +206,8 @@ def test_the_drafter_is_penalised_as_the_target(tiny_pair, target):
     params = serve_params(0.0, True, len(prompt))
     drafter = LlamaDrafter(tiny_pair[2]["f32"])
     try:
-        draft = drafter.propose(prompt, 12, params.sampling, np.random.default_rng(0))
-        unpenalised = drafter.propose(prompt, 12, serve_params(0.0, False, 0).sampling,
+        draft = drafter.draft(prompt, 12, params.sampling, np.random.default_rng(0))
+        unpenalised = drafter.draft(prompt, 12, serve_params(0.0, False, 0).sampling,
                                       np.random.default_rng(0), seq=1)
     finally:
         drafter.close()

@@ -79,7 +79,7 @@ def test_json_schema_answers_validate_and_are_the_constrained_targets(servers, t
 
 
 def test_the_answer_is_the_constrained_target_decoded_alone(servers, tiny_pair):
-    from acespec.cloud.verify.decide import decide
+    from acespec.cloud.verify.verdict import decide
     from acespec.edge.api.structured import response_grammar
     from acespec.shared.config import SamplingParams
     from acespec.shared.grammar import Cursor, tokenizer_from_json
@@ -213,7 +213,7 @@ def test_masks_agree_between_the_drafters_vocabulary_and_the_targets(tiny_pair):
 def test_the_drafter_drafts_in_the_grammar_as_the_target_decides(tiny_pair):
     """The f32 drafter (the target's weights in llama.cpp) with the schema's grammar drafts
     the constrained target's greedy answer."""
-    from acespec.cloud.verify.decide import decide
+    from acespec.cloud.verify.verdict import decide
     from acespec.edge.api.structured import response_grammar
     from acespec.edge.drafting.llama import LlamaDrafter
     from acespec.shared.config import SamplingParams
@@ -235,8 +235,8 @@ def test_the_drafter_drafts_in_the_grammar_as_the_target_decides(tiny_pair):
         ids.append(decide(row, params, 0, len(prompt) + len(ids), prompt + ids, cursor))
     drafter = LlamaDrafter(ggufs["f32"])
     try:
-        draft = drafter.propose(prompt, 12, params.sampling, np.random.default_rng(0))
-        free = drafter.propose(prompt, 12, SamplingParams(), np.random.default_rng(0), seq=1)
+        draft = drafter.draft(prompt, 12, params.sampling, np.random.default_rng(0))
+        free = drafter.draft(prompt, 12, SamplingParams(), np.random.default_rng(0), seq=1)
     finally:
         drafter.close()
     assert list(draft.tokens) == ids

@@ -1,5 +1,5 @@
 """Adaptive depth/window and the link estimate (acespec.edge.speculation.adaptive), the recovery model of
-the state cache, and one real run over a link whose bandwidth drops mid-generation."""
+the speculation tree, and one real run over a link whose bandwidth drops mid-generation."""
 
 from __future__ import annotations
 

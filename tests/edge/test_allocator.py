@@ -1,4 +1,4 @@
-"""The state cache's Lagrangian allocator: budgets hold, prefix closure, monotone in the
+"""The speculation tree's Lagrangian allocator: budgets hold, prefix closure, monotone in the
 budget, degenerate cases; checked against brute force on small instances."""
 
 from __future__ import annotations

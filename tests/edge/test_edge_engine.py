@@ -23,7 +23,7 @@ from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 from verifier_harness import run, running_verifier  # noqa: E402
 
 MODES = ("ar", "sd", "pipeline", "acespec")
-# Generous fixed state-cache budgets: tests of the hit mechanics, not of the budget policy.
+# Generous fixed branch budgets: tests of the hit mechanics, not of the budget policy.
 WIDE = CacheConfig(guesses=4, draft_ms=200.0, uplink_bytes=1e4, downlink_bytes=1e5,
                    cloud_nodes=32, node_s=0.0)
 
@@ -158,7 +158,7 @@ def test_unreachable_cloud_is_a_clear_error(pair):
 
 @pytest.mark.slow
 def test_acespec_hits_save_rounds_and_change_nothing(pair, noisy_gguf):
-    """Recovery branches are walked into only when the exactly drawn recovered token matches,
+    """Guessed branches are walked into only when the exactly drawn recovered token matches,
     so acespec mode gives the very same text as pipeline for a seed; each hit is a rejection
     that needed no new round (rounds = rejections - hits)."""
     model, tok, ggufs = pair
@@ -202,15 +202,14 @@ def test_acespec_greedy_hits_and_equals_ar(pair, noisy_gguf):
         async with running_verifier(model, tok.vocab_hash()) as (_, addr):
             d = LlamaDrafter(noisy_gguf, LlamaDrafterConfig(n_ctx=512, n_seq_max=2))
             out = {}
-            for mode in ("ar", "pipeline", "acespec"):
-                cfg = EngineConfig(mode=mode, depth=3, window=9, max_tokens=48, cache=WIDE,
-                                   verifier_decides=False)  # the tree protocol's cache
+            for mode in ("ar", "pipeline", "acespec-exact"):  # the edge decides, with branches
+                cfg = EngineConfig(mode=mode, depth=3, window=9, max_tokens=48, cache=WIDE)
                 out[mode] = await decode(addr, tok.vocab_hash(), d, prompt, cfg)
             return out
 
     out = run(go())
-    assert out["acespec"][0] == out["pipeline"][0] == out["ar"][0]
-    st = out["acespec"][1]
+    assert out["acespec-exact"][0] == out["pipeline"][0] == out["ar"][0]
+    st = out["acespec-exact"][1]
     print("greedy acespec:", st.cache.rejections, "rejections,", st.cache.hits, "hits,",
           st.cache.branches_uploaded, "branches")
     assert st.cache.branches_uploaded > 0 and st.cache.hits > 0

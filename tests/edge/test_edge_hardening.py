@@ -311,8 +311,8 @@ class SeqSpy:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def propose(self, context, n, sampling, rng, seq=0):
-        return self.inner.propose(context, n, sampling, rng, seq=seq)
+    def draft(self, context, n, sampling, rng, seq=0):
+        return self.inner.draft(context, n, sampling, rng, seq=seq)
 
     def fork(self, src, dst, n_tokens=None):
         self.main.add(src)
@@ -328,10 +328,10 @@ def test_branches_use_their_own_sequences(stack, noisy_gguf):
     async def go():
         async with running_verifier(model, vh) as (_, addr), \
                 edge_http(addr, noisy_gguf, "--mode", "acespec", "--depth", "4",
-                          "--window", "8", "--cache-cloud-nodes", "16",
+                          "--window", "8", "--branch-cloud-nodes", "16",
                           # generous budgets: this tests where branches go, not how many
-                          "--cache-draft-ms", "200", "--cache-uplink-bytes", "10000",
-                          "--cache-downlink-bytes", "100000") as (http, svc):
+                          "--branch-draft-ms", "200", "--branch-uplink-bytes", "10000",
+                          "--branch-downlink-bytes", "100000") as (http, svc):
             pool = [svc.free_seqs.get_nowait() for _ in range(svc.free_seqs.qsize())]
             for seq in pool:  # the sequences requests are given, put back in order
                 svc.free_seqs.put_nowait(seq)
@@ -450,7 +450,7 @@ def bad_files(tmp_path_factory):
     (["--depth", "0"], "--depth"),
     (["--window", "0"], "--window"),
     (["--depth", "8", "--window", "4"], "--window"),
-    (["--cache-kv-mb", "-5"], "--cache-kv-mb"),
+    (["--branch-kv-mb", "-5"], "--branch-kv-mb"),
     (["--temperature", "nan"], "--temperature"),
     (["--top-p", "0"], "--top-p"),
     (["--drafter", "{bad}/text.gguf"], "--drafter"),

@@ -49,13 +49,13 @@ class ScriptedDrafter:
         q[x] = 1.0
         return Draft(tokens=np.array([x], np.int32), q=q[None], ranks=r[None])
 
-    def propose(self, context, n, sampling, rng, seq=0) -> Draft:
+    def draft(self, context, n, sampling, rng, seq=0) -> Draft:
         ds = [self._draft(list(context) + [int(t) for t in self.truth[len(context):len(context) + i]])
               for i in range(n)]
         return Draft(np.concatenate([d.tokens for d in ds]), np.concatenate([d.q for d in ds]),
                      np.concatenate([d.ranks for d in ds]))
 
-    def propose_many(self, contexts, sampling, rngs, seqs) -> list[Draft]:
+    def draft_many(self, contexts, sampling, rngs, seqs) -> list[Draft]:
         return [self._draft(c) for c in contexts]
 
 
@@ -92,8 +92,8 @@ def _slow_edge(tiny_pair, noisy_gguf, emulate_ms: float, max_tokens: int, tree: 
                          fast_verifier=True)
     drafter = LlamaDrafter(noisy_gguf, LlamaDrafterConfig(n_ctx=512, n_seq_max=8,
                                                           emulate_ms=emulate_ms))
-    cfg = EngineConfig(mode="acespec", depth=4, window=8, max_tokens=max_tokens,
-                       grow_tree=tree)
+    cfg = EngineConfig(mode="acespec" if tree else "acespec-chain", depth=4, window=8,
+                       max_tokens=max_tokens)
     return model, tok, prompt, truth, drafter, cfg
 
 
@@ -116,8 +116,8 @@ def test_a_hit_on_a_guessed_branch_continues_with_no_round_trip(tiny_pair):
     # A drafter that keeps up on a fast link: the line's drafts are held when decided.
     assert figures["drafts_in_time"] >= 0.5, figures
     chain, chain_stats = _generate(model, tok, prompt, drafter, spec=FAST, cfg=
-                                   EngineConfig(mode="acespec", depth=4, window=24,
-                                                max_tokens=60, grow_tree=False))
+                                   EngineConfig(mode="acespec-chain", depth=4, window=24,
+                                                max_tokens=60))
     assert chain == truth
     assert chain_stats.as_dict()["verifier_hits"] == 0  # a chain has nothing to walk into
 

@@ -68,19 +68,19 @@ def test_fork_truncate_reextend_equal_fresh(tiny_pair):
     assert np.abs(branch - ref.logits(ids[:10] + [5, 6, 7])[-1]).max() < 1e-4
 
 
-def test_propose_greedy_follows_argmax_and_q_is_transformed(tiny_pair):
+def test_draft_greedy_follows_argmax_and_q_is_transformed(tiny_pair):
     tok_dir, model, ggufs = tiny_pair
     ids = _ids(tok_dir)[:12]
     drafter = LlamaDrafter(ggufs["f32"], LlamaDrafterConfig(n_ctx=256, n_seq_max=2, f32_kv=True))
     rng = np.random.default_rng(0)
-    d = drafter.propose(ids, 5, SamplingParams(), rng)
+    d = drafter.draft(ids, 5, SamplingParams(), rng)
     seq = list(ids)
     for _ in d.tokens:  # the torch model's greedy chain
         seq.append(int(model(seq, model.new_cache(), last_only=True)[0].argmax()))
     assert list(d.tokens) == seq[len(ids):]
     assert np.allclose(d.q.sum(1), 1) and np.all(d.q.max(1) == 1)
     s = SamplingParams(temperature=0.8, top_k=7)
-    d = drafter.propose(ids, 4, s, np.random.default_rng(1))
+    d = drafter.draft(ids, 4, s, np.random.default_rng(1))
     assert np.all((d.q > 0).sum(1) <= 7) and np.allclose(d.q.sum(1), 1)
     assert all(d.q[i, t] > 0 for i, t in enumerate(d.tokens))
 
@@ -92,7 +92,7 @@ def test_seeded_sampling_reproducible(tiny_pair):
     runs = []
     for _ in range(2):
         drafter = LlamaDrafter(ggufs["q8_0"], LlamaDrafterConfig(n_ctx=128, n_seq_max=1))
-        runs.append(list(drafter.propose(ids, 6, s, np.random.default_rng(42)).tokens))
+        runs.append(list(drafter.draft(ids, 6, s, np.random.default_rng(42)).tokens))
     assert runs[0] == runs[1]
 
 
@@ -134,9 +134,9 @@ def test_batched_multi_leaf_draft_equals_sequential_drafting(tiny_pair):
             assert int(rows[i].argmax()) == int(ref.argmax()), (step, i)
             assert np.abs(rows[i] - ref).max() < 0.2
             ctx.append(int(rows[i].argmax()))
-    drafts = batched.propose_many(ctxs, greedy, [None] * 4, [1, 2, 3, 4])
+    drafts = batched.draft_many(ctxs, greedy, [None] * 4, [1, 2, 3, 4])
     assert [int(d.tokens[0]) for d in drafts] == \
-        [int(alone.propose(c, 1, greedy, None).tokens[0]) for c in ctxs]
+        [int(alone.draft(c, 1, greedy, None).tokens[0]) for c in ctxs]
     with pytest.raises(ValueError, match="one sequence per context"):
         batched.next_logits_many([ids[:5], ids[:6]], [1, 1])
 
@@ -148,7 +148,7 @@ def test_emulated_draft_time_pads_each_decode(tiny_pair):
                                                          emulate_ms=20))
     slow.next_logits(ids[:10])
     t0 = time.perf_counter()
-    slow.propose(ids[:10], 4, SamplingParams(), None)  # 3 decodes after the cached first
+    slow.draft(ids[:10], 4, SamplingParams(), None)  # 3 decodes after the cached first
     assert time.perf_counter() - t0 >= 0.06
 
 
@@ -166,7 +166,7 @@ def test_callers_from_several_threads_are_serialised(tiny_pair):
 
     def draft(i: int) -> None:
         for _ in range(3):  # re-drafting reuses, truncates and re-extends the sequence
-            got[i] = shared.propose(contexts[i], 12, SamplingParams(), None, seq=i + 1)\
+            got[i] = shared.draft(contexts[i], 12, SamplingParams(), None, seq=i + 1)\
                 .tokens.tolist()
             shared.truncate(i + 1, len(contexts[i]) - 3)
 
@@ -175,5 +175,5 @@ def test_callers_from_several_threads_are_serialised(tiny_pair):
         t.start()
     for t in threads:
         t.join()
-    assert got == {i: alone.propose(c, 12, SamplingParams(), None).tokens.tolist()
+    assert got == {i: alone.draft(c, 12, SamplingParams(), None).tokens.tolist()
                    for i, c in enumerate(contexts)}

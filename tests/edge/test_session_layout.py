@@ -7,7 +7,7 @@ from pathlib import Path
 
 import acespec.edge.session as session
 
-DRIVERS = ("ar", "exact", "chain", "grow", "decided")
+DRIVERS = ("ar", "edge_decided", "grow", "no_draft", "decided")
 ROOT = Path(session.__file__).parent
 
 

@@ -66,8 +66,8 @@ def test_vocab_hash_is_order_and_boundary_sensitive():
 
 def test_ngram_drafter_continues_a_repeat():
     d = NgramDrafter(vocab_size=10)
-    draft = d.propose([1, 2, 3, 4, 1, 2], 3, SamplingParams(), np.random.default_rng(0))
+    draft = d.draft([1, 2, 3, 4, 1, 2], 3, SamplingParams(), np.random.default_rng(0))
     assert draft.tokens.tolist() == [3, 4, 1]
     assert (draft.q.argmax(1) == draft.tokens).all() and np.allclose(draft.q.sum(1), 1)
-    no_match = d.propose([7], 2, SamplingParams(), np.random.default_rng(0))
+    no_match = d.draft([7], 2, SamplingParams(), np.random.default_rng(0))
     assert no_match.tokens.tolist() == [7, 7]

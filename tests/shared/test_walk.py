@@ -1,5 +1,5 @@
 """The tree walk is exactly lossless: emitted tokens follow p~, with sparse downlinks, tails,
-MoreTail, recovery branches and bonus branches.
+MoreTail, guessed branches and bonus branches.
 
 Statistical tests, fixed seeds. Single position: N = 30,000 trials per (p~, q) pair, TV from
 p~ < 0.02 (sampling noise alone ~0.008 for 8 tokens). Two positions: N = 40,000, TV of the
@@ -106,7 +106,7 @@ def test_two_positions_with_recovery_and_bonus_branches():
     q2 = rs.dirichlet(np.ones(vocab), size=vocab)
     p1 = _probs_of(served(p1_logits, params), vocab)
     p2 = np.stack([_probs_of(served(r, params), vocab) for r in p2_logits])
-    guess = int(np.argmax(p1 - q1))  # the branch a state cache would pre-build
+    guess = int(np.argmax(p1 - q1))  # the branch the speculation tree would pre-build
     joint = np.zeros((vocab, vocab))
     draw = np.random.default_rng(2)
     hits = 0
@@ -122,7 +122,7 @@ def test_two_positions_with_recovery_and_bonus_branches():
         ay = Node(2, token=y, position=6, q=q2[x])
         _scored(ay, p1_logits, params, _units(a, y), seed=trial)
         a.children[y], a.drafted = ay, ay
-        if guess != x:  # recovery branch: guessed token, not drafted, scored in the same pass
+        if guess != x:  # guessed branch: guessed token, not drafted, scored in the same pass
             b = Node(3, token=guess, position=5)
             _scored(b, p2_logits[guess], params, _units(root, guess), seed=trial)
             root.children[guess] = b  # no drafted child below b: its next token is a bonus

@@ -1,5 +1,5 @@
-"""The exact driver: the edge decides over `Extend`/`Scores` (modes sd, pipeline, and
-acespec where the verifier does not decide; docs/design.md §3, §6).
+"""The edge-decided driver: the edge decides over `Extend`/`Scores` (modes sd, pipeline,
+acespec-exact, and every mode with exact sampling; docs/design.md §3, §6).
 
 The verifier scores the nodes it is sent and returns p~ at each; the edge walks the scored
 tree with `acespec.shared.walk` (randomness a function of seed and position), commits what
@@ -8,8 +8,8 @@ the walk decided, and drafts on:
 * sd       - draft `depth` tokens, send, wait, walk, repeat.
 * pipeline - keep drafting past in-flight nodes (the edge's own draft stands in for the
              bonus) and stream Extends up to `window` live nodes; apply verdicts in order.
-* acespec  - pipeline, plus the state cache's recovery branches in the same Extends
-             (acespec.edge.speculation.branches).
+* a mode with branches (acespec-exact) - pipeline, plus the speculation tree's guessed
+             branches in the same Extends (acespec.edge.speculation.branches).
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ class _Flight:
     sent: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes) of those Extends
 
 
-class ExactDriver:
-    """One connection attempt of an exact session, opened with the root's score."""
+class EdgeDecidedDriver:
+    """One connection attempt of an edge-decided session, opened with the root's score."""
 
     def __init__(self, run: Runner, sess: CloudSession, inbox: asyncio.Queue, root):
         self.run, self.sess, self.inbox = run, sess, inbox
@@ -60,10 +60,10 @@ class ExactDriver:
 
     @staticmethod
     def live_limit(c: EngineConfig) -> int:
-        """Live nodes the verifier must allow: the window, a chunk, and in acespec mode the
-        branches of every chunk in flight; twice, as commits ride one Extend late."""
+        """Live nodes the verifier must allow: the window, a chunk, and in a mode with
+        branches those of every chunk in flight; twice, as commits ride one Extend late."""
         window, depth = (c.max_window, 2) if c.adaptive else (c.window, c.depth)
-        branches = (window // depth + 1) * int(c.cache.cloud_nodes) if c.mode == "acespec" else 0
+        branches = (window // depth + 1) * int(c.cache.cloud_nodes) if c.spec.branches else 0
         return 2 * (window + max(c.max_depth, c.depth) + branches) + 2
 
     async def drive(self) -> None:
@@ -73,7 +73,7 @@ class ExactDriver:
                 self._take(inbox.get_nowait(), fl)
             # sd verifies a chain only once all of it is scored (draft, send, wait, verify),
             # so its rounds - and the bonus at each chain's end - align however it resumes.
-            settled = run.cfg.mode != "sd" or fl.in_flight == 0
+            settled = run.cfg.spec.pipelined or fl.in_flight == 0
             if not fl.want_tail and self.head is None and settled:
                 try:
                     res = walk(tree.root, run.cfg.serve.sampling.greedy, run.rng_at(1),
@@ -137,7 +137,7 @@ class ExactDriver:
         """Follow the link: re-choose (depth, window) from the speedup model."""
         run = self.run
         self._since_change += 1
-        if not (run.cfg.adaptive and run.link.ready and run.cfg.mode != "sd"):
+        if not (run.cfg.adaptive and run.link.ready and run.cfg.spec.pipelined):
             return
         if self._since_change < 8:  # dwell: let the estimate see the current shape first
             return
@@ -208,7 +208,7 @@ class ExactDriver:
     def _will_draft(self) -> bool:
         """Pipeline drafts past every scored leaf until max_tokens: no bonus draws there."""
         run = self.run
-        return (run.cfg.mode in ("pipeline", "acespec") and
+        return (run.cfg.spec.pipelined and
                 len(run.out) + self._chain_len() < run.cfg.max_tokens)
 
     def _may_draft(self, in_flight: int) -> bool:
@@ -219,13 +219,13 @@ class ExactDriver:
             return False
         if self._room() < 1:  # the verifier's grant is full: wait for verdicts (commits)
             return False
-        if run.cfg.mode == "sd":
+        if not run.cfg.spec.pipelined:
             return in_flight == 0
         return self._chain_len() + run.shape.depth <= run.shape.window
 
     async def _extend(self) -> None:
         """Draft at the tip and send the chain (led by the decided head token, if any), plus
-        the state cache's branches in acespec mode, as one Extend."""
+        the speculation tree's guessed branches where the mode has them, as one Extend."""
         run, tree, head = self.run, self.tree, self.head
         parent = head[0] if head else tree.tip
         lead = [head[1]] if head else []
@@ -234,9 +234,9 @@ class ExactDriver:
         room = run.cfg.max_tokens - len(run.out) - len(behind)
         grant_room = self._room()  # nodes this Extend may add within the verifier's grant
         n = max(1, min(run.shape.depth, room, grant_room - len(lead)))
-        draft = await run.propose(context, n, run.seq)
+        draft = await run.draft(context, n, run.seq)
         branches = await self._branches(context, draft, grant_room - len(lead) - len(draft)) \
-            if run.cfg.mode == "acespec" else []
+            if run.cfg.spec.branches else []
         log.debug("extend at position %d: lead %s drafts %s, %d branches", len(context), lead,
                   draft.tokens.tolist(), len(branches))
         first = self.sess.next_id
@@ -261,7 +261,7 @@ class ExactDriver:
         else:
             node = parent
             made = tree.add(first, draft.tokens, parent, draft.q)
-        if run.cfg.mode == "acespec":
+        if run.cfg.spec.branches:
             self._remember_guesses(made, draft)
         chain_nodes = [node] + made
         nid = first + len(chain)
@@ -278,7 +278,7 @@ class ExactDriver:
         return DOWN_NODE_GREEDY if self.run.cfg.serve.sampling.greedy else DOWN_NODE_SAMPLED
 
     async def _branches(self, context: list[int], draft, max_nodes: int) -> list[tuple]:
-        """Plan and draft recovery branches for this chunk, at most max_nodes nodes in all
+        """Plan and draft guessed branches for this chunk, at most max_nodes nodes in all
         (what the verifier's grant leaves): [(Branch, tokens, qs)]."""
         if max_nodes < 1:
             return []
@@ -312,7 +312,7 @@ class ExactDriver:
             if br.depth:
                 if hasattr(run.drafter, "fork"):
                     run.drafter.fork(run.seq, branch_seq, len(prefix) - 1)
-                d = await run.propose(prefix, br.depth, branch_seq)
+                d = await run.draft(prefix, br.depth, branch_seq)
                 toks += d.tokens.tolist()
                 qs = d.q
             out.append((br, toks, qs))
