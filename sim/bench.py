@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -17,8 +20,23 @@ from pathlib import Path
 
 import numpy as np
 
+from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
+from acespec.edge.session import EdgeEngine, EngineConfig, Stats
+from acespec.edge.session.config import MAX_DEPTH, MAX_WINDOW
+from acespec.edge.text import TextCodec
+from acespec.procs import free_port, python_module, wait_port
 from acespec.shared import modes
-from acespec.sim.stages import LinkSpec, parse_rate, parse_time
+from acespec.shared.config import SamplingParams
+from acespec.shared.served import ServeParams
+from acespec.sim.netns import NetnsLink, available
+from acespec.sim.stages import (
+    LinkSpec,
+    find_trace,
+    parse_outage,
+    parse_rate,
+    parse_time,
+    read_trace,
+)
 from acespec.sim.timeline import Screen, link_cycle_s, links
 
 DEFAULT_MODES = ("ar", "sd", "pipeline", "acespec")  # of acespec.shared.modes.MODES
@@ -54,7 +72,6 @@ class BenchConfig:
     linear: str = "auto"  # the verifier's --linear (every mode)
 
     def __post_init__(self):
-        from acespec.edge.session.config import MAX_DEPTH, MAX_WINDOW
 
         if not 1 <= self.depth <= MAX_DEPTH:
             raise ValueError(f"--depth {self.depth} must be in [1, {MAX_DEPTH}]")
@@ -96,7 +113,6 @@ def parse_links(text: str) -> tuple[tuple[str, LinkSpec], ...]:
     columns (RTT only for a trace without one); the spec's rate and RTT are then the trace's
     means. Any link may end in '+outage=START:DURATION' (seconds, repeatable): down both ways.
     """
-    from acespec.sim.stages import find_trace, parse_outage, read_trace
 
     out = []
     for part in (p.strip() for p in text.split(",")):
@@ -148,8 +164,6 @@ def load_prompts(path: str | None = None, per_category: int = 10) -> list[dict]:
 async def run_bench(cfg: BenchConfig, model_dir: str, drafter_path: str,
                     prompts: list[dict], progress=None) -> list[dict]:
     """One record per (link, mode, prompt)."""
-    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
-    from acespec.edge.text import TextCodec
 
     drafter = LlamaDrafter(drafter_path, LlamaDrafterConfig(
         n_seq_max=8, emulate_ms=cfg.emulate_draft[0], emulate_per_token_ms=cfg.emulate_draft[1]))
@@ -213,6 +227,7 @@ class Meter:
 @contextlib.asynccontextmanager
 async def _verifier_in_process(cfg: BenchConfig, model_dir: str):
     """One verifier in this process for every link; the proxy does all the shaping."""
+    # lazy: the verifier's modules import torch (the cloud extra's)
     from acespec.cloud.serving.server import ServerConfig, create_server, load_engine
     from acespec.cloud.verify.batcher import StepEmulation
     from acespec.cloud.verify.engine import Limits
@@ -241,11 +256,7 @@ async def _verifier_in_process(cfg: BenchConfig, model_dir: str):
 async def _verifier_process(cfg: BenchConfig, model_dir: str):
     """One `acespec cloud serve` process for every link (half the cores: the edge shares the
     machine); the proxy does all the shaping."""
-    import os
-    import subprocess
-    import tempfile
 
-    from acespec.procs import free_port, python_module, wait_port
 
     port, metrics = free_port(), free_port()
     argv = [*python_module("acespec"), "cloud", "serve", "--host", "127.0.0.1",
@@ -272,7 +283,6 @@ async def _verifier_process(cfg: BenchConfig, model_dir: str):
 
 def _stop(proc, log) -> None:
     """SIGTERM the verifier (its graceful stop), SIGKILL after 15 s; close its log."""
-    import subprocess
 
     proc.terminate()
     try:
@@ -287,11 +297,7 @@ def _stop(proc, log) -> None:
 async def _verifier_in_netns(cfg: BenchConfig, model_dir: str):
     """Per link: a network namespace whose veth is shaped by tc tbf, the verifier running
     inside it; the proxy in front only delays (tc has no netem here) and counts."""
-    import subprocess
-    import tempfile
 
-    from acespec.procs import python_module, wait_port
-    from acespec.sim.netns import NetnsLink, available
 
     port = 50051  # the verifier's, inside its own namespace
     why = available()
@@ -328,9 +334,6 @@ RECONNECT_DEADLINE_S = 60.0  # a run rides out any outage a shipped trace has
 
 async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, prompts,
                       state, progress, busy) -> None:
-    from acespec.edge.session import EdgeEngine, EngineConfig
-    from acespec.shared.config import SamplingParams
-    from acespec.shared.served import ServeParams
 
     sampling = cfg.sampling if cfg.temperature > 0 else "coupled"  # greedy: as the mode has it
     async with links(cfg.seed, host, port, proxy_spec) as link_for:
@@ -368,7 +371,6 @@ async def _run_one(edge, ecfg, prompt: list[int], proxy, busy) -> dict:
     try:
         out, stats = await edge.generate(prompt, ecfg, screen.verified, on_event=screen.event)
     except OSError as e:  # ConnectionError: the verifier never came back
-        from acespec.edge.session import Stats
 
         out, stats, error = [], Stats(seconds=time.perf_counter() - t0), str(e)
     return {"stats": stats, "stamps": screen.stamps, "t0": t0,

@@ -30,9 +30,22 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+import grpc
 import numpy as np
 
+from acespec.edge.client import CHANNEL_OPTIONS
+from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
+from acespec.edge.session import EdgeEngine, EngineConfig
+from acespec.edge.session.config import GROW_SEQS
+from acespec.edge.text import TextCodec
+from acespec.procs import python_module
 from acespec.shared import modes
+from acespec.shared.config import SamplingParams
+from acespec.shared.served import ServeParams
+from acespec.sim.bench import BenchConfig, _verifier_process, parse_links
+from acespec.sim.des import ModelCosts
+from acespec.sim.des_many import MANY_MODES, Fleet, simulate_many
+from acespec.sim.proxy import ProxyThread
 from acespec.sim.stages import LinkSpec
 
 LOAD_MODES = tuple(m for m in modes.NAMES if modes.MODES[m].offline == "wait"
@@ -130,6 +143,7 @@ def goodput(runs: list[dict], rate: float, ttft_s: float) -> dict[str, int]:
 
 def _profiles(cfg: LoadConfig):
     """(the target's step, the gap drafter's step) the run emulates."""
+    # lazy: the verifier's modules import torch (the cloud extra's)
     from acespec.cloud.verify.batcher import StepEmulation
     from acespec.cloud.verify.gap import DraftEmulation
 
@@ -150,9 +164,6 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
             ) -> list[dict]:
     """The discrete-event model's rows (acespec.sim.des_many) for each measured (mode, N)
     it models, on the run's link and profiles; each run gets predicted_* keys beside."""
-    from acespec.sim.bench import parse_links
-    from acespec.sim.des import ModelCosts
-    from acespec.sim.des_many import MANY_MODES, Fleet, simulate_many
 
     step, draft = _profiles(cfg)
     costs = ModelCosts(target_base_s=step.base_ms / 1000,
@@ -187,7 +198,7 @@ def plot_frontier(runs: list[dict], folder: str) -> str:
     (each point a client count). Returns the PNG's path."""
     from pathlib import Path
 
-    import matplotlib
+    import matplotlib  # lazy: the sim extra's, for this plot only
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -217,7 +228,6 @@ def plot_frontier(runs: list[dict], folder: str) -> str:
 def run_load(cfg: LoadConfig, model_dir: str, drafter: str, prompts: list[str],
              progress=print) -> dict:
     """Every mode at every client count on one verifier: {"runs", "goodput", "slo"}."""
-    from acespec.sim.bench import BenchConfig, _verifier_process, parse_links
 
     (_, spec), = parse_links(cfg.link)
     bcfg = BenchConfig(links=(), modes=cfg.modes, max_tokens=cfg.max_tokens,
@@ -251,7 +261,6 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
               spec: LinkSpec, drafter: str, prompts: list[str]) -> dict:
     """N clients at once in ceil(N / per_process) edge processes; one row. meter: the
     verifier's counters (acespec.sim.bench.Meter)."""
-    from acespec.procs import python_module
 
     procs = math.ceil(n / cfg.per_process)
     start_at = time.time() + 3.0 + procs  # every process loads its drafter, then all start
@@ -285,16 +294,7 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
 # -- one edge process: its clients as tasks -------------------------------------------------
 
 async def _clients(job: dict) -> None:
-    import grpc
 
-    from acespec.edge.client import CHANNEL_OPTIONS
-    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
-    from acespec.edge.session import EdgeEngine, EngineConfig
-    from acespec.edge.session.config import GROW_SEQS
-    from acespec.edge.text import TextCodec
-    from acespec.shared.config import SamplingParams
-    from acespec.shared.served import ServeParams
-    from acespec.sim.proxy import ProxyThread
 
     clients, mode = job["clients"], job["mode"]
     seqs = 1 + len(clients) * (1 + GROW_SEQS)
