@@ -1,4 +1,5 @@
-"""Child processes of AceSpec's own commands: how they are started, and waiting for their ports.
+"""Child processes of AceSpec's own commands: how they are started, waiting for their ports
+and for them to leave.
 
 Libraries (`acespec.sim`, `acespec.cloud`) and commands (`acespec demo`) both start
 `python -m acespec ...` children; they do it here, once.
@@ -51,3 +52,13 @@ def wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 120
             return
         time.sleep(0.1)
     raise RuntimeError(f"the {what} did not listen on port {port} within {timeout:.0f} s")
+
+
+def reap(children: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
+    """Wait for children that were told to leave; kill one that does not."""
+    for child in children:
+        try:
+            child.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()

@@ -1,7 +1,7 @@
 """The shipped model pairs and the code that builds and exports model files.
 
-    demo/            the tiny demo pair (data), built by build_demo (corpus, tokenizer_train,
-                     train, distill, card)
+    demo/            the tiny demo pair (data), built by build_demo from demo_pair's recipe
+                     (corpus, tokenizer_train, train, distill, card)
     smollm2/         SmolLM2-135M-Instruct: fetch and convert, the drafter's build (a package)
     gguf_export, gguf_to_hf, export_hf    model files both ways between torch, HF and GGUF
     sharegpt, pinned                      ShareGPT V3 and other files from pinned PyPI wheels

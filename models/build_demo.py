@@ -14,72 +14,32 @@ import math
 import multiprocessing as mp
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
+import torch
+from tokenizers import Tokenizer as HFTok
 
 from acespec.cloud.target.config import ModelArgs
-from acespec.models.corpus import Corpus, load_corpus
-from acespec.models.train import TrainConfig
+from acespec.cloud.target.model import Transformer
+from acespec.models.card import write_card
+from acespec.models.corpus import load_corpus
+from acespec.models.demo_pair import (
+    PRESETS,
+    BuildPreset,
+    measure_acceptance,
+    model_args,
+    token_stream,
+)
+from acespec.models.distill import train_distilled
+from acespec.models.export_hf import export_hf
+from acespec.models.gguf_export import export_gguf
+from acespec.models.tokenizer_train import save_tokenizer, train_bpe
+from acespec.models.train import TrainConfig, evaluate, train
+from acespec.shared.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BuildPreset:
-    vocab_size: int
-    target: dict  # ModelArgs fields besides arch/vocab
-    drafter: dict
-    target_train: TrainConfig
-    drafter_train: TrainConfig
-    corpus_limit: int | None = None
-    eval_prompts: int = 24
-    eval_tokens: int = 96
-    depths: tuple[int, ...] = (2, 4, 8)
-    # "distill": KL to the trained target's cached top-k (won the equal-time comparison of
-    # `acespec models compare-objectives`; see the card); "ce": next-token cross-entropy,
-    # trained alongside the target.
-    drafter_objective: str = "distill"
-    distill_top_k: int = 32
-    distill_pool_every: int = 4  # teacher cache: one batch per this many drafter steps
-    extra: dict = field(default_factory=dict)
-
-
-PRESETS = {
-    # ~5M-parameter target (~2 h on one core), then a ~1M drafter distilled from it (~50 min).
-    "demo": BuildPreset(
-        vocab_size=4096,
-        target=dict(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=8,
-                    num_kv_heads=2, head_dim=32, tie_word_embeddings=False),
-        drafter=dict(hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4,
-                     num_kv_heads=2, head_dim=32, tie_word_embeddings=True),
-        target_train=TrainConfig(steps=3200, batch=16, seq_len=256, lr=2e-3, warmup=100),
-        drafter_train=TrainConfig(steps=5000, batch=16, seq_len=256, lr=3e-3, warmup=100)),
-    # Seconds: exercises every stage in CI.
-    "tiny": BuildPreset(
-        vocab_size=300,
-        target=dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                    num_kv_heads=2, head_dim=16, tie_word_embeddings=False),
-        drafter=dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                     num_kv_heads=1, head_dim=16, tie_word_embeddings=True),
-        target_train=TrainConfig(steps=30, batch=4, seq_len=64, warmup=5, ckpt_every=10, log_every=10),
-        drafter_train=TrainConfig(steps=30, batch=4, seq_len=64, warmup=5, ckpt_every=10, log_every=10),
-        corpus_limit=30, eval_prompts=3, eval_tokens=16),
-}
-
-
-def model_args(preset: BuildPreset, which: str) -> ModelArgs:
-    dims = preset.target if which == "target" else preset.drafter
-    return ModelArgs(arch="llama", vocab_size=preset.vocab_size, rms_norm_eps=1e-5,
-                     rope_theta=10000.0, max_position_embeddings=4096, **dims)
-
-
-def token_stream(tok, corpus: Corpus, files: list[str]) -> np.ndarray:
-    """[n_tokens] uint16: BOS + file + EOS for each file, concatenated in list order."""
-    bos, eos = tok.token_to_id("<|bos|>"), tok.token_to_id("<|eos|>")
-    encs = tok.encode_batch([corpus.read(f) for f in files], add_special_tokens=False)
-    return np.concatenate([np.array([bos, *e.ids, eos], dtype=np.uint16) for e in encs])
 
 
 def _train_worker(which: str, args: ModelArgs, cfg: TrainConfig, stream_path: str,
@@ -87,17 +47,10 @@ def _train_worker(which: str, args: ModelArgs, cfg: TrainConfig, stream_path: st
     """Runs in its own process (one core): trains and returns the state dict as numpy.
     teacher = (target args, target state, top_k, pool_every) trains by distillation."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    import torch
-
-    from acespec.models.train import train
-
     stream = np.load(stream_path, mmap_mode="r")
     if teacher is None:
         model = train(args, cfg, stream, Path(ckpt), label=which)
     else:
-        from acespec.cloud.target.model import Transformer
-        from acespec.models.distill import train_distilled
-
         t_args, t_state, k, pool_every = teacher
         target = Transformer(t_args)
         target.load_state_dict({n: torch.from_numpy(v) for n, v in t_state.items()})
@@ -108,11 +61,6 @@ def _train_worker(which: str, args: ModelArgs, cfg: TrainConfig, stream_path: st
 
 def build_demo(out: Path, work: Path, preset_name: str = "demo", seed: int = 0) -> dict:
     """Run every stage; returns the card's figures (also written to out/build.json)."""
-    import torch
-    from tokenizers import Tokenizer as HFTok
-
-    from acespec.models.tokenizer_train import save_tokenizer, train_bpe
-
     preset = PRESETS[preset_name]
     preset = replace(preset, target_train=replace(preset.target_train, seed=seed),
                      drafter_train=replace(preset.drafter_train, seed=seed + 1))
@@ -141,8 +89,6 @@ def build_demo(out: Path, work: Path, preset_name: str = "demo", seed: int = 0) 
     states = _train_pair(preset, jobs, str(streams["train"]), work)
     models = {}
     for w, (args, _) in jobs.items():
-        from acespec.cloud.target.model import Transformer
-
         m = Transformer(args)
         m.load_state_dict({k: torch.from_numpy(v) for k, v in states[w].items()})
         models[w] = m.eval()
@@ -175,11 +121,6 @@ def _train_pair(preset: BuildPreset, jobs: dict, stream: str, work: Path) -> dic
 
 def _export_and_measure(out, work, preset, corpus, models, streams, n_train, train_minutes,
                         seed) -> dict:
-    from acespec.models.export_hf import export_hf
-    from acespec.models.gguf_export import export_gguf
-    from acespec.models.train import evaluate
-    from acespec.shared.tokenizer import Tokenizer
-
     target_dir = out / "target"
     tok = Tokenizer.load(target_dir)
     export_hf(models["target"], target_dir, target_dir, tok.bos_id, tok.eos_id)
@@ -195,38 +136,5 @@ def _export_and_measure(out, work, preset, corpus, models, streams, n_train, tra
             "train_tokens_in_corpus": n_train, "params": params, "valid_perplexity": ppl,
             "greedy_acceptance": acc, "build_minutes": round(train_minutes, 1)}
     (out / "build.json").write_text(json.dumps(card, indent=2) + "\n")
-    from acespec.models.card import write_card
-
     write_card(out, card)
     return card
-
-
-def measure_acceptance(target_dir: Path, gguf: Path, corpus: Corpus, preset: BuildPreset,
-                       seed: int) -> dict:
-    """Greedy tokens per target step (bonus included) at each depth, on held-out files:
-    prompts of 64 tokens from the validation files, eval_tokens generated each."""
-    from acespec.cloud.target.loader import load_model
-    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
-    from acespec.shared.config import SamplingParams
-    from acespec.shared.tokenizer import Tokenizer
-    from acespec.sim.local import generate_local
-
-    tok = Tokenizer.load(target_dir)
-    target = load_model(target_dir)
-    drafter = LlamaDrafter(gguf, LlamaDrafterConfig(n_ctx=1024, n_seq_max=1))
-    rng = np.random.default_rng(seed)
-    prompts = []
-    for i in range(preset.eval_prompts):
-        ids = tok.encode(corpus.read(corpus.valid[i % len(corpus.valid)]))
-        start = int(rng.integers(0, max(1, len(ids) - 64 - preset.eval_tokens)))
-        prompts.append(ids[start:start + 64] or ids[:1])
-    result = {}
-    for depth in preset.depths:
-        steps = emitted = 0
-        for p in prompts:
-            _, stats = generate_local(target, drafter, p, preset.eval_tokens, depth,
-                                      SamplingParams())
-            steps, emitted = steps + stats.steps, emitted + stats.emitted
-        result[str(depth)] = round(emitted / steps, 3)
-        log.info("greedy acceptance at depth %d: %.3f tokens per target step", depth, emitted / steps)
-    return result

@@ -19,8 +19,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer as HFTok
 
-from acespec.models.train import TrainConfig, batch_at
+from acespec.cloud.target.loader import load_model
+from acespec.models.corpus import load_corpus
+from acespec.models.demo_pair import PRESETS, measure_acceptance, model_args, token_stream
+from acespec.models.gguf_export import export_gguf
+from acespec.models.train import TrainConfig, batch_at, evaluate, train
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +79,6 @@ def train_distilled(args, cfg: TrainConfig, target, stream: np.ndarray, work: Pa
                     pool_every: int, label: str = "drafter"):
     """The drafter trained by distillation from `target` (teacher cache kept in `work`, so
     an interrupted build resumes without recomputing it)."""
-    from acespec.models.train import train
-
     path = work / f"teacher-k{k}-n{max(1, cfg.steps // pool_every)}.pt"
     if path.is_file():
         cache = TeacherCache.load(path)
@@ -91,12 +94,6 @@ def compare_objectives(demo: Path, work: Path, steps: int = 600, k: int = 32,
                        pool_every: int = 4, seed: int = 1) -> dict:
     """Train the demo drafter shape for `steps` steps' worth of time with each objective and
     measure greedy acceptance (Q8_0 GGUF vs the torch target) and validation perplexity."""
-    from acespec.cloud.target.loader import load_model
-    from acespec.models.build_demo import PRESETS, model_args, token_stream
-    from acespec.models.corpus import load_corpus
-    from acespec.models.gguf_export import export_gguf
-    from acespec.models.train import evaluate, train
-
     preset = PRESETS["demo"]
     work.mkdir(parents=True, exist_ok=True)
     corpus = load_corpus(seed=0)
@@ -105,8 +102,6 @@ def compare_objectives(demo: Path, work: Path, steps: int = 600, k: int = 32,
     for split, files in (("train", corpus.train), ("valid", corpus.valid)):
         path = work / f"{split}.npy"
         if not path.is_file():
-            from tokenizers import Tokenizer as HFTok
-
             np.save(path, token_stream(HFTok.from_file(str(target_dir / "tokenizer.json")),
                                        corpus, files))
         streams[split] = np.load(path, mmap_mode="r")
@@ -137,8 +132,6 @@ def compare_objectives(demo: Path, work: Path, steps: int = 600, k: int = 32,
                                  ("distillation", kl, cache_s + kl_s, kl_steps)):
         gguf = work / f"{name}-q8_0.gguf"
         export_gguf(model, target_dir, gguf, ftype="q8_0", name=f"compare-{name}")
-        from acespec.models.build_demo import measure_acceptance
-
         acc = measure_acceptance(target_dir, gguf, corpus, eval_preset, seed=0)
         ppl = math.exp(evaluate(model, streams["valid"], cfg.seq_len))
         result["arms"][name] = {"train_steps": n, "seconds": round(secs, 1),

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from acespec.shared.served import ServedDist
-
 _MASK = (1 << 64) - 1
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -95,13 +93,6 @@ def coupled_draft(q: np.ndarray, seed: int, position: int) -> int:
     if not np.isfinite(score.max()):
         raise ValueError("q has no positive entry")
     return int(np.argmax(score))  # first maximum = lowest id
-
-
-def coupled_verdict(draft: int, dist: ServedDist, seed: int, position: int) -> tuple[bool, int]:
-    """The verifier's decision on a draft token at `position`: (accepted, y). y is the decided
-    token either way (the draft itself when accepted, the recovered token otherwise)."""
-    y = coupled_target(dist.ids, dist.units, seed, position)
-    return bool(draft == y), y
 
 
 def acceptance_rate(p: np.ndarray, q: np.ndarray, rows: int = 64) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from acespec.shared.config import SamplingParams
+from acespec.shared.coupled import coupled_draft
 
 
 def tempered(logits: np.ndarray, temperature: float) -> np.ndarray:
@@ -90,8 +91,6 @@ class PositionalRng:
     def coupled(self, q: np.ndarray) -> int:
         """The coupled draft of q [V] at the next position: argmax log q + G(seed, position)
         (the verifier uses the same noise; docs/design.md §5)."""
-        from acespec.shared.coupled import coupled_draft
-
         x = coupled_draft(q, self.seed, self.position)
         self.position += 1
         return x

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from acespec.shared.config import ConfigError, SamplingParams
+from acespec.shared.coupled import coupled_target
 from acespec.shared.sampling import tempered
 
 UNITS = 1 << 16  # probability 1 in units of 2^-16
@@ -158,8 +159,6 @@ def node_score(dist: ServedDist, params: ServeParams, node_id: int, self_units: 
         empty = np.zeros(0, np.int64)
         if params.sampling.greedy:
             return NodeScore(node_id, self_units, dist.ids[:1], dist.units[:1], 0, empty, empty)
-        from acespec.shared.coupled import coupled_target  # (imports this module)
-
         y = coupled_target(dist.ids, dist.units, seed, node_id if position is None else position)
         return NodeScore(node_id, self_units, np.array([y]), np.array([UNITS]), 0, empty, empty)
     s = n_sent(dist, params.send_mass)
@@ -175,3 +174,11 @@ def sample_served(dist: ServedDist, u: float) -> int:
     """Inverse-CDF draw from p~ with one uniform u in [0, 1) (support order)."""
     cum = np.cumsum(dist.units)
     return int(dist.ids[min(np.searchsorted(cum, u * UNITS, side="right"), len(cum) - 1)])
+
+
+def coupled_verdict(draft: int, dist: ServedDist, seed: int, position: int) -> tuple[bool, int]:
+    """The verifier's decision on a draft token at `position` (coupled sampling, docs/design.md
+    §5): (accepted, y). y is the decided token either way (the draft itself when accepted, the
+    recovered token otherwise)."""
+    y = coupled_target(dist.ids, dist.units, seed, position)
+    return bool(draft == y), y

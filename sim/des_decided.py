@@ -1,7 +1,8 @@
 """The discrete-event model's decided engine: greedy and coupled acespec sessions
 (docs/design.md §3, §7). A verifier that runs passes back to back and never waits for the
 link, an edge that drafts chunks while its chain is shorter than the window; the two on one
-virtual clock (acespec.sim.des has the scenario, the costs and the other modes)."""
+virtual clock (acespec.sim.des_scenario has the scenario and the costs, acespec.sim.des the
+other modes)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from acespec.sim.des import ModelCosts, Scenario, SimResult, accepted_run
+from acespec.sim.des_scenario import ModelCosts, Scenario, SimResult, accepted_run
 from acespec.sim.stages import Chunk
 
 

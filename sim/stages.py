@@ -4,8 +4,8 @@ departure time.
 A chunk carries the time it reaches the stage; a stage returns it with the time it leaves,
 so stages compose by chaining and never double-count delay. All stages keep FIFO order (a
 TCP byte stream cannot reorder). Randomness is passed in as a seeded Generator. The trace
-stages (rate, RTT and loss in steps from a CSV) live in acespec.sim.trace and are re-exported
-here.
+stages (rate, RTT and loss in steps from a CSV) live in acespec.sim.trace, the chunk and the
+outage schedule in acespec.sim.link_clock; both are re-exported here.
 
 Outages: an `OutageSchedule` holds the windows when a link is down; one schedule is shared by
 both directions (and, in the proxy, by every connection), and it can grow while the link runs.
@@ -15,11 +15,11 @@ it began is lost and retransmitted once the link is back (the `Outage` stage at 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from acespec.sim.link_clock import Chunk, OutageSchedule
 from acespec.sim.trace import (
     Trace,
     TraceDelay,
@@ -35,63 +35,6 @@ __all__ = ["Chunk", "OutageSchedule", "Outage", "Rate", "Delay", "Jitter", "Loss
            "TraceDelay", "TraceLoss", "TraceSteps", "Link", "LinkSpec", "find_trace",
            "read_trace", "shipped_traces", "trace_path", "parse_rate", "parse_time",
            "parse_outage", "simulate"]
-
-
-@dataclass(frozen=True)
-class Chunk:
-    size: int  # bytes
-    t: float  # seconds: when the chunk is at the current point of the link
-
-
-class OutageSchedule:
-    """When a link is down: windows [start_s, end_s) on the link's clock (seconds since the
-    link started). Shared and mutable: every stage built with it sees a window added later."""
-
-    def __init__(self, windows: Iterable[tuple[float, float]] = ()):
-        # A list passed in is kept, not copied: whoever holds it can add windows.
-        self.windows: list[tuple[float, float]] = (
-            windows if isinstance(windows, list) else list(windows))  # [(start_s, end_s)]
-        for s, e in self.windows:
-            if not 0 <= s < e:
-                raise ValueError(f"an outage window needs 0 <= start < end, got ({s}, {e})")
-
-    @classmethod
-    def of(cls, outages: Iterable[tuple[float, float]]) -> OutageSchedule:
-        """From (start_s, duration_s) pairs, as LinkSpec.outages holds them."""
-        sched = cls()
-        for start, duration in outages:
-            sched.add(start, duration)
-        return sched
-
-    def add(self, start_s: float, duration_s: float) -> None:
-        """The link is down for `duration_s` seconds from `start_s`."""
-        if start_s < 0 or duration_s <= 0:
-            raise ValueError(f"an outage needs start >= 0 and duration > 0, got {start_s}, "
-                             f"{duration_s}")
-        self.windows.append((start_s, start_s + duration_s))
-
-    def back_at(self, t: float) -> float:
-        """The first time >= t (seconds) when the link is up: t itself if it is up then."""
-        moved = True
-        while moved:  # windows may overlap or abut
-            moved = False
-            for s, e in self.windows:
-                if s <= t < e:
-                    t, moved = e, True
-        return t
-
-    def next_start(self, t: float) -> float:
-        """The start of the first window that begins after t (inf: none)."""
-        return min((s for s, _ in self.windows if s > t), default=float("inf"))
-
-    def transmit(self, start: float, seconds: float) -> float:
-        """When sending that takes `seconds` of link time, begun at `start`, is done: the
-        link sends nothing during a window."""
-        t, left = self.back_at(start), seconds
-        while t + left > (s := self.next_start(t)):
-            left -= s - t
-            t = self.back_at(s)
-        return t + left
 
 
 class Outage:

@@ -18,10 +18,11 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from acespec.sim.link_clock import Chunk, OutageSchedule
+
 if TYPE_CHECKING:
     import numpy as np
 
-    from acespec.sim.stages import Chunk, OutageSchedule
 
 COLUMNS = ("time_s", "kbps", "rtt_ms", "loss")
 

@@ -41,6 +41,9 @@ import torch
 import torch.distributed as dist
 
 from acespec.cloud.errors import Unavailable
+from acespec.cloud.target.kv_cache import SeqPass
+from acespec.cloud.target.model import Pass
+from acespec.procs import reap
 
 log = logging.getLogger(__name__)
 
@@ -252,8 +255,6 @@ class Leader:
 
     def stop(self) -> None:
         """Tell the other ranks to exit, wait for the ones this process started."""
-        from acespec.cloud.target.tp_launch import reap
-
         if self.broken is None:  # else a pass may hold the lock, stuck in a collective
             with self._lock:  # (one stuck on a rank not yet found: the watch still runs)
                 self._stop.set()
@@ -398,9 +399,6 @@ def portable(step, device: torch.device | str = "cpu"):
     """A copy of a Pass whose tensors own just their data, on `device` (a slice of a
     cache's row table would otherwise pickle the whole table, and a CUDA tensor would
     unpickle on rank 0's GPU)."""
-    from acespec.cloud.target.kv_cache import SeqPass
-    from acespec.cloud.target.model import Pass
-
     def own(t: torch.Tensor) -> torch.Tensor:
         return t.to(device, copy=True)
 

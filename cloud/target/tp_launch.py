@@ -21,15 +21,19 @@ from pathlib import Path
 
 import torch
 
+from acespec.cloud.target.loader import checkpoint_files, load_model, set_threads
+from acespec.cloud.target.packed import select_linear
+from acespec.cloud.target.sharding import fingerprint
 from acespec.cloud.target.tensor_parallel import (
     HEARTBEAT_TIMEOUT_S,
+    Leader,
     Topology,
     beat_store,
     exchange,
     follow,
     init_group,
 )
-from acespec.procs import free_port, python_module
+from acespec.procs import free_port, python_module, reap
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +87,6 @@ def load_rank(path: str | Path, dtype: str, device: str, threads: int, topo: Top
     """Join the group, load this rank's shard (its linears as `--linear` says), and check
     the ranks agree: the model, or ValueError naming the rank that failed or differs
     (raised on every rank)."""
-    from acespec.cloud.target.loader import checkpoint_files, load_model, set_threads
-    from acespec.cloud.target.packed import select_linear
-    from acespec.cloud.target.sharding import fingerprint
-
     init_group(topo, device)
     model, mine = None, ""
     try:
@@ -131,8 +131,6 @@ def start_leader(path: str | Path, topo: Topology, dtype: str, device: str, thre
     environment), load this rank's shard and lead the others, watching their heartbeats
     (a rank silent for heartbeat_s is lost). The sharded model; the ranks this process
     started are reaped if loading fails."""
-    from acespec.cloud.target.tensor_parallel import Leader
-
     children = []
     if Topology.from_env() is None:
         topo, children = spawn_ranks(topo, worker_args(str(path), dtype, device, threads, linear))
@@ -144,16 +142,6 @@ def start_leader(path: str | Path, topo: Topology, dtype: str, device: str, thre
         raise
     Leader(model, on_failure, children, beats, heartbeat_s)
     return model
-
-
-def reap(children: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
-    """Wait for ranks this process started; kill one that does not leave."""
-    for child in children:
-        try:
-            child.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
 
 
 @contextlib.contextmanager

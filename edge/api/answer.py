@@ -9,18 +9,15 @@ import asyncio
 import bisect
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from acespec.edge.api.logprobs import Echo, Scored, logprobs_field
 from acespec.edge.api.openai_types import CompletionRequest, choice
 from acespec.edge.api.structured import tool_calls
-from acespec.edge.session import Stats
+from acespec.edge.session import EdgeEngine, EngineConfig, Stats
 from acespec.edge.session.offline import LinkDown, LinkEvent, LinkUp
 from acespec.edge.shown import Append, Confirm, Op, Replace, ShownText, SpanMirror
-from acespec.edge.text import StreamDecoder
-
-if TYPE_CHECKING:
-    from acespec.edge.api.service import EdgeService
+from acespec.edge.text import StreamDecoder, TextCodec
 
 FAILED = "failed"  # in place of a finish reason: the generation raised
 
@@ -68,11 +65,29 @@ class LinkBoard:
                 "generations_waiting": len(self.down)}
 
 
+class Service(Protocol):
+    """What an answer uses of the server's service (acespec.edge.api.service.EdgeService):
+    its request's session config, the engine, a drafter sequence, the text codec, the link
+    board."""
+
+    codec: TextCodec
+    engine: EdgeEngine
+    link: LinkBoard
+
+    def config(self, req: CompletionRequest, index: int) -> EngineConfig: ...
+
+    async def acquire(self) -> int: ...
+
+    def free_seq(self, seq: int) -> None: ...
+
+    def branch_seq(self, seq: int) -> list[int]: ...
+
+
 class Answer:
     """One of the n generations of a request: text with stop strings applied and, in local
     offline mode, the unverified text shown after it (acespec.edge.shown)."""
 
-    def __init__(self, svc: EdgeService, req: CompletionRequest, index: int,
+    def __init__(self, svc: Service, req: CompletionRequest, index: int,
                  echo: Echo | None = None):
         self.svc, self.req, self.index, self.echo = svc, req, index, echo
         self.shift = len(echo.text) if echo is not None else 0  # text before the answer

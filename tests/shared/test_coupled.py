@@ -15,13 +15,19 @@ from acespec.shared.coupled import (
     acceptance_rate,
     coupled_draft,
     coupled_target,
-    coupled_verdict,
     gumbel,
     hash64,
     to_unit,
 )
 from acespec.shared.sampling import transform
-from acespec.shared.served import UNITS, ServedDist, ServeParams, quantize, served
+from acespec.shared.served import (
+    UNITS,
+    ServedDist,
+    ServeParams,
+    coupled_verdict,
+    quantize,
+    served,
+)
 
 ALPHA = 1e-3
 N = 20_000  # positions per distribution: one independent draw each
