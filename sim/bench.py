@@ -214,6 +214,12 @@ class Meter:
                 if self.engine.metrics else 0.0
         return self._counter("acespec_nodes_scored_total")
 
+    def sessions(self) -> float:
+        """Sessions (and Generate calls) open at the verifier now."""
+        if self.engine is not None:
+            return float(self.engine.active)
+        return self._counter("acespec_sessions_active")
+
     def passes(self) -> tuple[float, float]:
         """(passes so far, the requests they held, summed over the passes)."""
         if self.engine is not None:

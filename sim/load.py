@@ -22,13 +22,15 @@ reach while the device has room for them), and the rivals that speculate at the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import grpc
 import numpy as np
@@ -52,6 +54,12 @@ LOAD_MODES = tuple(m for m in modes.NAMES if modes.MODES[m].offline == "wait"
                    and modes.MODES[m].decides == "verifier")  # decided sessions, and ar
 DEFAULT_LOAD_MODES = ("ar", "acespec", "acespec-gap", "colo", "cloud-lookup")
 GPU_LIKE = "25,0.1,256"  # flat 25 ms up to 256 nodes a pass, then 0.1 ms per node
+# The edges' drafter step: a 1B-class drafter on a laptop (about 12 ms a decode on an
+# Apple-silicon GPU or a recent x86 laptop's cores, 1 ms more per extra sequence in a batch).
+# The tiny demo drafter's real decode on two shared cores stays below it, so every edge runs
+# at the laptop's pace, not at what the testbed's CPU has left.
+EDGE_DRAFT_MS = (12.0, 1.0)
+CPU_BOUND = 0.8  # a row whose machine was busier than this measured the CPU, not the device
 SLO_SPEEDUP = 1.3  # per-client tokens/s >= this x ar's one-client rate, measured in the run
 SLO_TTFT_S = 2.0  # ... and TTFT p90 at most this
 
@@ -72,6 +80,8 @@ class LoadConfig:
     slo_speedup: float = SLO_SPEEDUP
     slo_ttft_s: float = SLO_TTFT_S
     slo_tok_s: float | None = None  # per-client tokens/s; None: slo_speedup x ar's 1-client
+    emulate_draft: tuple[float, float] = EDGE_DRAFT_MS  # the edges' --emulate-draft-ms
+    dilate: float = 1.0  # time dilation: every time constant of the emulated world x this
 
     def __post_init__(self):
         modes.check(self.modes, LOAD_MODES, "bench load")
@@ -84,17 +94,89 @@ class LoadConfig:
             raise ValueError(f"--per-process must be in [1, 32], got {self.per_process}")
         if not 0 <= self.edge_nice <= 19:
             raise ValueError(f"--edge-nice must be in [0, 19], got {self.edge_nice}")
+        if not 1 <= self.dilate <= 100:
+            raise ValueError(f"--dilate must be in [1, 100], got {self.dilate:g}")
+
+    def dilated(self) -> Dilated:
+        """The emulated world's time constants as the run applies them (x dilate)."""
+        step, draft = _profiles(self)
+        k = self.dilate
+        (_, spec), = parse_links(self.link)
+        return Dilated(
+            emulate=f"{step.base_ms * k:g},{step.per_node_ms * k:g},{step.knee}",
+            cloud_draft=f"{draft.base_ms * k:g},{draft.per_seq_ms * k:g}",
+            emulate_draft=(self.emulate_draft[0] * k, self.emulate_draft[1] * k),
+            link=replace(spec, up_bps=spec.up_bps / k, down_bps=spec.down_bps / k,
+                         rtt_s=spec.rtt_s * k, jitter_s=spec.jitter_s * k))
+
+
+@dataclass(frozen=True)
+class Dilated:
+    """Time dilation (as in time-warped network emulation): the verifier's step profile (its
+    knee is a node count and stays), the co-located drafter's step, the edges' drafter step
+    and the link's delay, each x K, and its rate / K. The machine's own compute is not
+    dilated, so it shrinks against the emulated device; figures are reported back in the
+    undilated world's units (undilate)."""
+
+    emulate: str  # the verifier's --emulate-step-ms
+    cloud_draft: str  # its --emulate-cloud-draft-ms
+    emulate_draft: tuple[float, float]  # the edges' drafter step, ms
+    link: LinkSpec
+
+
+RATE_KEYS = ("per_client_tok_s_p50", "per_client_tok_s_p10", "aggregate_tok_s",
+             "passes_per_s")  # x K back in the undilated world
+TIME_KEYS = ("ttft_p50_s", "ttft_p90_s", "verifier_s_per_1k_tokens")  # / K
+
+
+def undilate(row: dict, k: float) -> dict:
+    """A dilated run's row in the undilated world's units."""
+    if k == 1:
+        return row
+    out = dict(row)
+    for key, f in [(key, k) for key in RATE_KEYS] + [(key, 1 / k) for key in TIME_KEYS]:
+        if out.get(key) is not None:
+            out[key] = round(out[key] * f, 3)
+    return out
+
+
+class CpuMeter:
+    """The machine's busy fraction between two readings of /proc/stat, over all cores (None
+    where there is no /proc/stat)."""
+
+    def __init__(self):
+        self.start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields[:8]), idle
+
+    def busy(self) -> float | None:
+        end = self._read()
+        if self.start is None or end is None or end[0] <= self.start[0]:
+            return None
+        total, idle = end[0] - self.start[0], end[1] - self.start[1]
+        return round(1 - idle / total, 3)
 
 
 # -- what the users saw: statistics and goodput --------------------------------------------
 
 def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: float,
-          nodes: float, passes: tuple[float, float] = (0.0, 0.0)) -> dict:
+          nodes: float, passes: tuple[float, float] = (0.0, 0.0),
+          live_sessions: float | None = None, cpu_busy: float | None = None) -> dict:
     """One (mode, N) row from its per-request records {client, tokens, seconds, ttft_s,
     lone_tokens (decided with no edge draft: the first token and the lone passes')}.
     passes: the verifier's passes in the run and the requests they held (summed).
     edge_pass_tokens: the share of tokens decided in passes that held an edge draft (None
-    where the verifier decides no session: ar)."""
+    where the verifier decides no session: ar). live_sessions: the sessions open at the
+    verifier, on average over the point; cpu_busy: the machine's busy fraction over it (a
+    row above CPU_BOUND is cpu_bound: it measured the testbed's CPU, not the device)."""
     per_client = {}
     for r in records:
         tok, sec = per_client.get(r["client"], (0, 0.0))
@@ -111,9 +193,11 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
             "verifier_busy": round(min(1.0, busy_s / wall_s), 3) if wall_s > 0 else None,
             "verifier_s_per_1k_tokens": round(1000 * busy_s / max(1, tokens), 2),
             "nodes_per_token": round(nodes / max(1, tokens), 2),
-            "passes_per_s": round(passes[0] / wall_s, 1) if wall_s > 0 else None,
+            "passes_per_s": round(passes[0] / wall_s, 2) if wall_s > 0 else None,
             "requests_per_pass": round(passes[1] / passes[0], 2) if passes[0] else None,
-            "edge_pass_tokens": edge,
+            "live_sessions": None if live_sessions is None else round(live_sessions, 2),
+            "edge_pass_tokens": edge, "cpu_busy": cpu_busy,
+            "cpu_bound": cpu_busy is not None and cpu_busy > CPU_BOUND,
             "tokens": tokens, "requests": len(records)}
 
 
@@ -132,10 +216,10 @@ def slo_rate(runs: list[dict], cfg: LoadConfig) -> float:
 
 def goodput(runs: list[dict], rate: float, ttft_s: float) -> dict[str, int]:
     """Per mode, the most clients whose p10 client makes `rate` tokens/s with TTFT p90 at
-    most `ttft_s` (0: none does)."""
+    most `ttft_s` (0: none does). A CPU-bound row does not count."""
     out: dict[str, int] = {}
     for r in runs:
-        ok = (r["per_client_tok_s_p10"] or 0) >= rate and \
+        ok = not r.get("cpu_bound") and (r["per_client_tok_s_p10"] or 0) >= rate and \
             r["ttft_p90_s"] is not None and r["ttft_p90_s"] <= ttft_s
         out[r["mode"]] = max(out.get(r["mode"], 0), r["clients"] if ok else 0)
     return out
@@ -182,14 +266,21 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
 
 KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
         "ttft_p90_s", "aggregate_tok_s", "verifier_busy", "verifier_s_per_1k_tokens",
-        "nodes_per_token", "passes_per_s", "requests_per_pass", "edge_pass_tokens")
+        "nodes_per_token", "passes_per_s", "requests_per_pass", "live_sessions",
+        "edge_pass_tokens", "cpu_busy")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
                   "aggregate_tok_s", "verifier_busy", "nodes_per_token")
 
 
 def markdown(runs: list[dict], keys: tuple[str, ...] = KEYS) -> str:
+    """A table of the rows; a CPU-bound row's mode is marked (CPU-bound), and its cpu_busy."""
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in runs]
+    for r in runs:
+        cells = [str(r.get(k)) for k in keys]
+        if r.get("cpu_bound"):
+            cells = [f"{c} (CPU-bound)" if k in ("mode", "cpu_busy") else c
+                     for k, c in zip(keys, cells)]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -229,10 +320,10 @@ def run_load(cfg: LoadConfig, model_dir: str, drafter: str, prompts: list[str],
              progress=print) -> dict:
     """Every mode at every client count on one verifier: {"runs", "goodput", "slo"}."""
 
-    (_, spec), = parse_links(cfg.link)
+    world = cfg.dilated()
     bcfg = BenchConfig(links=(), modes=cfg.modes, max_tokens=cfg.max_tokens,
-                       emulate=cfg.emulate, propose=cfg.propose, gap_drafter=drafter,
-                       cloud_draft=cfg.cloud_draft, temperature=cfg.temperature)
+                       emulate=world.emulate, propose=cfg.propose, gap_drafter=drafter,
+                       cloud_draft=world.cloud_draft, temperature=cfg.temperature)
 
     async def main() -> list[dict]:
         runs = []
@@ -242,12 +333,15 @@ def run_load(cfg: LoadConfig, model_dir: str, drafter: str, prompts: list[str],
                     for n in cfg.clients:
                         progress(f"{mode}, {n} clients ...")
                         runs.append(await asyncio.to_thread(
-                            run_point, cfg, mode, n, host, port, meter, spec, drafter,
+                            run_point, cfg, mode, n, host, port, meter, world, drafter,
                             prompts))
                         r = runs[-1]
                         progress(f"  per client p50 {r['per_client_tok_s_p50']} / p10 "
                                  f"{r['per_client_tok_s_p10']} tok/s, aggregate "
-                                 f"{r['aggregate_tok_s']} tok/s, busy {r['verifier_busy']}")
+                                 f"{r['aggregate_tok_s']} tok/s, busy {r['verifier_busy']}, "
+                                 f"{r['requests_per_pass']} of {r['live_sessions']} sessions "
+                                 f"a pass, CPU {r['cpu_busy']}"
+                                 + (" (CPU-bound: not counted)" if r["cpu_bound"] else ""))
         return runs
 
     runs = asyncio.run(main())
@@ -258,15 +352,16 @@ def run_load(cfg: LoadConfig, model_dir: str, drafter: str, prompts: list[str],
 
 
 def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
-              spec: LinkSpec, drafter: str, prompts: list[str]) -> dict:
-    """N clients at once in ceil(N / per_process) edge processes; one row. meter: the
-    verifier's counters (acespec.sim.bench.Meter)."""
+              world: Dilated, drafter: str, prompts: list[str]) -> dict:
+    """N clients at once in ceil(N / per_process) edge processes; one row, in the undilated
+    world's units. meter: the verifier's counters (acespec.sim.bench.Meter)."""
 
     procs = math.ceil(n / cfg.per_process)
     start_at = time.time() + 3.0 + procs  # every process loads its drafter, then all start
     job = {"host": host, "port": port, "mode": mode, "drafter": drafter, "prompts": prompts,
            "requests": cfg.requests, "max_tokens": cfg.max_tokens,
-           "temperature": cfg.temperature, "spec": asdict(spec), "start_at": start_at}
+           "temperature": cfg.temperature, "spec": asdict(world.link),
+           "emulate_draft": world.emulate_draft, "start_at": start_at}
     workers = []
     for w in range(procs):
         mine = list(range(w, n, procs))
@@ -278,17 +373,48 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
     while time.time() < start_at:
         time.sleep(0.01)
     busy0, nodes0, passes0, t0 = meter.busy(), meter.nodes(), meter.passes(), time.perf_counter()
+    cpu, live = CpuMeter(), SessionSampler(meter)
     records = []
-    for w in workers:
-        out, err = w.communicate(timeout=1800)
-        if w.returncode:
-            raise RuntimeError(f"bench load: an edge process failed ({w.returncode}): "
-                               f"{err[-2000:]}")
-        records += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    try:
+        for w in workers:
+            out, err = w.communicate(timeout=1800 * cfg.dilate)
+            if w.returncode:
+                raise RuntimeError(f"bench load: an edge process failed ({w.returncode}): "
+                                   f"{err[-2000:]}")
+            records += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    finally:
+        live.stop()
+    cpu_busy = cpu.busy()
     wall = max((r["end"] for r in records), default=start_at) - start_at
     passes = tuple(b - a for a, b in zip(passes0, meter.passes()))
-    return point(mode, n, records, wall or time.perf_counter() - t0, meter.busy() - busy0,
-                 meter.nodes() - nodes0, passes)
+    row = point(mode, n, records, wall or time.perf_counter() - t0, meter.busy() - busy0,
+                meter.nodes() - nodes0, passes, live.mean(), cpu_busy)
+    return undilate(row, cfg.dilate)
+
+
+class SessionSampler:
+    """The verifier's open sessions, read from its metrics every SAMPLE_S in a thread while
+    a point runs; their mean is the point's live_sessions."""
+
+    SAMPLE_S = 0.25
+
+    def __init__(self, meter):
+        self.meter, self.samples = meter, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.SAMPLE_S):
+            with contextlib.suppress(OSError, ValueError):
+                self.samples.append(self.meter.sessions())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def mean(self) -> float | None:
+        return sum(self.samples) / len(self.samples) if self.samples else None
 
 
 # -- one edge process: its clients as tasks -------------------------------------------------
@@ -298,8 +424,10 @@ async def _clients(job: dict) -> None:
 
     clients, mode = job["clients"], job["mode"]
     seqs = 1 + len(clients) * (1 + GROW_SEQS)
+    draft_ms, per_token_ms = job["emulate_draft"]
     drafter = LlamaDrafter(job["drafter"], LlamaDrafterConfig(
-        n_seq_max=seqs, n_ctx=max(4096, 768 * len(clients))))
+        n_seq_max=seqs, n_ctx=max(4096, 768 * len(clients)), emulate_ms=draft_ms,
+        emulate_per_token_ms=per_token_ms, emulate_apart=True))  # a device per client
     codec = TextCodec.from_drafter(drafter)
     proxy = ProxyThread(job["host"], job["port"], spec=LinkSpec(**job["spec"]),
                         seed=clients[0])

@@ -44,15 +44,31 @@ class LlamaDrafterConfig:
     # a 135M Q4 model on one laptop core). 0 = run at this machine's speed.
     emulate_ms: float = 0.0
     emulate_per_token_ms: float = 0.0
+    # Each caller waits out its own emulated step after letting go of the context, so that
+    # requests sharing this drafter emulate devices of their own (bench load's clients);
+    # False: the step holds the context, as one device's would.
+    emulate_apart: bool = False
 
 
 def _locked(method):
     """Serialise a method that touches the llama.cpp context: the edge drafts in a worker
-    thread (off its event loop) while other requests' tasks may manage their sequences."""
+    thread (off its event loop) while other requests' tasks may manage their sequences.
+    An emulated step owed apart (LlamaDrafterConfig.emulate_apart) is waited out once the
+    outermost call has let go of the context."""
     @functools.wraps(method)
     def run(self, *args, **kwargs):
         with self._lock:
-            return method(self, *args, **kwargs)
+            self._depth += 1
+            try:
+                out = method(self, *args, **kwargs)
+            finally:
+                self._depth -= 1
+                owed, outer = self._owed, self._depth == 0
+                if outer:
+                    self._owed = 0.0
+        if outer and owed > 0:
+            time.sleep(owed)
+        return out
     return run
 
 
@@ -69,6 +85,7 @@ class LlamaDrafter:
         import llama_cpp
 
         self._lock = threading.RLock()
+        self._depth, self._owed = 0, 0.0  # nested locked calls; an emulated step owed apart
         self._ll, self.config, self.path = llama_cpp, config, Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"drafter GGUF not found: {self.path}")
@@ -352,10 +369,11 @@ class LlamaDrafter:
             raise DrafterError(f"llama_decode failed with code {rc} (KV full?)")
         c = self.config
         pad = (c.emulate_ms + c.emulate_per_token_ms * (n_tokens - 1)) / 1000
-        if pad > 0:
-            left = pad - (time.perf_counter() - t0)
-            if left > 0:
-                time.sleep(left)
+        left = pad - (time.perf_counter() - t0)
+        if left > 0 and c.emulate_apart:
+            self._owed += left
+        elif left > 0:
+            time.sleep(left)
 
     def _logits_row(self, i: int) -> np.ndarray:
         ptr = self._ll.llama_get_logits_ith(self._ctx, i)

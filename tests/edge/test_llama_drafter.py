@@ -152,6 +152,38 @@ def test_emulated_draft_time_pads_each_decode(tiny_pair):
     assert time.perf_counter() - t0 >= 0.06
 
 
+@pytest.mark.parametrize("apart", [False, True])
+def test_an_emulated_step_apart_does_not_hold_the_context(tiny_pair, apart):
+    """Two threads drafting at once on one drafter: by default the emulated steps hold the
+    context (one device: they queue), apart each caller waits its own (a device each), so
+    the steps overlap and the text is the same."""
+    import threading
+
+    tok_dir, _, ggufs = tiny_pair
+    ids = _ids(tok_dir)
+    d = LlamaDrafter(ggufs["q8_0"], LlamaDrafterConfig(n_ctx=256, n_seq_max=3, emulate_ms=150,
+                                                      emulate_apart=apart))
+    got, spans = {}, {}
+
+    def one(seq):
+        t0 = time.perf_counter()
+        got[seq] = d.draft(ids[:8], 2, SamplingParams(), None, seq=seq).tokens.tolist()
+        spans[seq] = (t0, time.perf_counter())
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got[1] == got[2]
+    wall = max(e for _, e in spans.values()) - min(s for s, _ in spans.values())
+    # each draft is a prefill and a decode, two steps of 150 ms: queued, four steps at least
+    if apart:
+        assert wall < 0.55, wall
+    else:
+        assert wall >= 0.6, wall
+
+
 def test_callers_from_several_threads_are_serialised(tiny_pair):
     """The edge drafts in worker threads while other requests manage their sequences: four
     threads drafting at once on their own sequences draft what each would alone."""

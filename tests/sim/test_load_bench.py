@@ -6,11 +6,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
 from acespec.cloud.verify.batcher import StepEmulation
-from acespec.sim.load import LoadConfig, goodput, point, slo_rate
+from acespec.sim.load import (
+    CpuMeter,
+    LoadConfig,
+    goodput,
+    markdown,
+    point,
+    slo_rate,
+    undilate,
+)
 
 
 def _records(rates: list[float], ttft: float = 0.3, tokens: int = 64) -> list[dict]:
@@ -51,6 +60,56 @@ def test_goodput_is_the_most_clients_whose_p10_meets_the_slo():
     assert goodput(runs, rate, 2.0) == {"ar": 0, "acespec": 8, "colo": 0}
     assert goodput(runs, 31.0, 2.0) == {"ar": 0, "acespec": 4, "colo": 0}
     assert goodput(runs, 26.0, 3.0)["colo"] == 4
+
+
+def test_a_cpu_bound_row_is_marked_and_does_not_count():
+    """A row whose machine was busier than CPU_BOUND measured the testbed, not the device:
+    marked in the table and left out of the goodput."""
+    runs = [point("ar", 1, _records([20.0]), 3.2, 3.0, 64, cpu_busy=0.3),
+            point("acespec", 4, _records([40.0] * 4), 2.0, 1.9, 256, live_sessions=3.9,
+                  cpu_busy=0.5),
+            point("acespec", 8, _records([40.0] * 8), 2.2, 2.1, 512, live_sessions=7.6,
+                  cpu_busy=0.93)]
+    assert [r["cpu_bound"] for r in runs] == [False, False, True]
+    assert runs[1]["live_sessions"] == 3.9 and runs[2]["cpu_busy"] == 0.93
+    assert goodput(runs, 26.0, 2.0) == {"ar": 0, "acespec": 4}
+    table = markdown(runs).splitlines()
+    assert "| acespec (CPU-bound) | 8 |" in table[-1] and "0.93 (CPU-bound)" in table[-1]
+    assert "CPU-bound" not in table[-2]
+
+
+def test_dilation_scales_the_emulated_world_and_reports_it_undilated():
+    cfg = LoadConfig(emulate="25,0.1,256", cloud_draft="5,0.05", link="50kbit:50ms",
+                     emulate_draft=(12.0, 1.0), dilate=4)
+    w = cfg.dilated()
+    assert w.emulate == "100,0.4,256"  # the knee is a node count: it stays
+    assert w.cloud_draft == "20,0.2" and w.emulate_draft == (48.0, 4.0)
+    assert w.link.up_bps == w.link.down_bps == pytest.approx(12.5e3)
+    assert w.link.rtt_s == pytest.approx(0.2)
+    # A dilated run measures K times slower rates and K times longer times
+    row = point("acespec", 2, _records([10.0, 10.0], ttft=0.8), 12.8, 6.4, 256,
+                passes=(40.0, 80.0), live_sessions=2.0)
+    back = undilate(row, 4)
+    assert back["per_client_tok_s_p50"] == 40.0 and back["aggregate_tok_s"] == 40.0
+    assert back["ttft_p90_s"] == 0.2 and back["passes_per_s"] == pytest.approx(12.5, abs=0.05)
+    assert back["verifier_s_per_1k_tokens"] == pytest.approx(row["verifier_s_per_1k_tokens"] / 4,
+                                                             abs=1e-3)
+    for key in ("verifier_busy", "requests_per_pass", "live_sessions", "nodes_per_token"):
+        assert back[key] == row[key]  # fractions and counts do not dilate
+    assert undilate(row, 1) is row
+    with pytest.raises(ValueError, match="--dilate"):
+        LoadConfig(dilate=0.5)
+
+
+def test_the_cpu_meter_reads_the_machines_busy_fraction():
+    meter = CpuMeter()
+    if meter.start is None:
+        pytest.skip("no /proc/stat here")
+    end = time.perf_counter() + 0.3
+    while time.perf_counter() < end:  # one core busy
+        pass
+    busy = meter.busy()
+    assert busy is not None and 0 < busy <= 1
 
 
 def test_the_default_slo_needs_ar_with_one_client():
