@@ -5,6 +5,6 @@ from acespec.layout import require_subpackage
 
 require_subpackage(__name__, __path__[0])
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # Open and GenerateRequest carry it; a verifier refuses any other
 # gRPC metadata naming the edge session, so a load balancer can hash on it (stickiness).
 SESSION_KEY = "x-acespec-session"

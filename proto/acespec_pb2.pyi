@@ -76,16 +76,6 @@ class Decide(_message.Message):
     first_before_opened: bool
     def __init__(self, max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., no_gap: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., first_before_opened: _Optional[bool] = ...) -> None: ...
 
-class Drafts(_message.Message):
-    __slots__ = ("position", "behind", "tokens")
-    POSITION_FIELD_NUMBER: _ClassVar[int]
-    BEHIND_FIELD_NUMBER: _ClassVar[int]
-    TOKENS_FIELD_NUMBER: _ClassVar[int]
-    position: int
-    behind: int
-    tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, position: _Optional[int] = ..., behind: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ...) -> None: ...
-
 class Grow(_message.Message):
     __slots__ = ("anchor", "tokens", "first_parent", "branch_index", "branch_parent")
     ANCHOR_FIELD_NUMBER: _ClassVar[int]
@@ -127,20 +117,18 @@ class MoreTail(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., n: _Optional[int] = ...) -> None: ...
 
 class Uplink(_message.Message):
-    __slots__ = ("open", "extend", "commit", "more_tail", "drafts", "grow")
+    __slots__ = ("open", "extend", "commit", "more_tail", "grow")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     EXTEND_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     MORE_TAIL_FIELD_NUMBER: _ClassVar[int]
-    DRAFTS_FIELD_NUMBER: _ClassVar[int]
     GROW_FIELD_NUMBER: _ClassVar[int]
     open: Open
     extend: Extend
     commit: Commit
     more_tail: MoreTail
-    drafts: Drafts
     grow: Grow
-    def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., extend: _Optional[_Union[Extend, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., more_tail: _Optional[_Union[MoreTail, _Mapping]] = ..., drafts: _Optional[_Union[Drafts, _Mapping]] = ..., grow: _Optional[_Union[Grow, _Mapping]] = ...) -> None: ...
+    def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., extend: _Optional[_Union[Extend, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., more_tail: _Optional[_Union[MoreTail, _Mapping]] = ..., grow: _Optional[_Union[Grow, _Mapping]] = ...) -> None: ...
 
 class Scores(_message.Message):
     __slots__ = ("first_node_id", "self_p", "n_entries", "entry_id_delta", "entry_p", "tail_p", "n_tail_samples", "tail_token", "tail_token_p", "greedy_token", "server_time")
@@ -169,7 +157,7 @@ class Scores(_message.Message):
     def __init__(self, first_node_id: _Optional[int] = ..., self_p: _Optional[_Iterable[int]] = ..., n_entries: _Optional[_Iterable[int]] = ..., entry_id_delta: _Optional[_Iterable[int]] = ..., entry_p: _Optional[_Iterable[int]] = ..., tail_p: _Optional[_Iterable[int]] = ..., n_tail_samples: _Optional[_Iterable[int]] = ..., tail_token: _Optional[_Iterable[int]] = ..., tail_token_p: _Optional[_Iterable[int]] = ..., greedy_token: _Optional[_Iterable[int]] = ..., server_time: _Optional[int] = ...) -> None: ...
 
 class Opened(_message.Message):
-    __slots__ = ("session_id", "model_id", "vocab_hash", "max_live_nodes", "k_max", "root", "coupled", "decides", "grows", "gap")
+    __slots__ = ("session_id", "model_id", "vocab_hash", "max_live_nodes", "k_max", "root", "coupled", "decides", "gap")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VOCAB_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -178,7 +166,6 @@ class Opened(_message.Message):
     ROOT_FIELD_NUMBER: _ClassVar[int]
     COUPLED_FIELD_NUMBER: _ClassVar[int]
     DECIDES_FIELD_NUMBER: _ClassVar[int]
-    GROWS_FIELD_NUMBER: _ClassVar[int]
     GAP_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     model_id: str
@@ -188,9 +175,8 @@ class Opened(_message.Message):
     root: Scores
     coupled: bool
     decides: bool
-    grows: bool
     gap: bool
-    def __init__(self, session_id: _Optional[str] = ..., model_id: _Optional[str] = ..., vocab_hash: _Optional[str] = ..., max_live_nodes: _Optional[int] = ..., k_max: _Optional[int] = ..., root: _Optional[_Union[Scores, _Mapping]] = ..., coupled: _Optional[bool] = ..., decides: _Optional[bool] = ..., grows: _Optional[bool] = ..., gap: _Optional[bool] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., model_id: _Optional[str] = ..., vocab_hash: _Optional[str] = ..., max_live_nodes: _Optional[int] = ..., k_max: _Optional[int] = ..., root: _Optional[_Union[Scores, _Mapping]] = ..., coupled: _Optional[bool] = ..., decides: _Optional[bool] = ..., gap: _Optional[bool] = ...) -> None: ...
 
 class Decided(_message.Message):
     __slots__ = ("position", "tokens", "passes", "done", "counts", "acked", "held_us", "logprobs")

@@ -50,7 +50,8 @@ class VerifierServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Session(self, request_iterator, context):
-        """One bidirectional stream per edge session: Open, then Extend / Commit / MoreTail.
+        """One bidirectional stream per edge session: Open, then Extend / Commit / MoreTail (the edge
+        decides) or Grow (the verifier decides).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -148,23 +148,6 @@ def decode_scores(msg: pb.Scores) -> list[NodeScore]:
 
 
 @dataclass(frozen=True)
-class DraftsMsg:
-    """A Drafts uplink in domain form (see acespec.cloud.verify.decided)."""
-
-    position: int
-    behind: int
-    tokens: list[int]
-
-
-def decode_drafts(msg: pb.Drafts) -> DraftsMsg:
-    if not msg.tokens:
-        raise WireError("Drafts.tokens is empty")
-    if msg.behind > msg.position:
-        raise WireError(f"Drafts.behind {msg.behind} exceeds Drafts.position {msg.position}")
-    return DraftsMsg(msg.position, msg.behind, list(msg.tokens))
-
-
-@dataclass(frozen=True)
 class GrowMsg:
     """A Grow uplink in domain form: node first_id + i has token tokens[i] and parent
     parents[i] (a node id, or -1 for the decided text up to `anchor`)."""

@@ -1,31 +1,35 @@
-"""The decided-session half of the Session stream (docs/design.md §3): the verifier decides
-pass after pass, applies the edge's Drafts and Grow messages before each pass, and sends a
-Decided per pass. A mixin of the servicer (acespec.cloud.serving.servicer), whose reading,
-writing and error mapping it uses."""
+"""Decided sessions on the Session stream (docs/design.md §3): the verifier decides pass
+after pass, applies the edge's Grow messages before each pass, and sends a Decided per pass.
+The servicer (acespec.cloud.serving.servicer) owns the handler and lends it its stream I/O;
+errors raised here end the call there, as the servicer's own do."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import grpc
 
 from acespec.cloud.errors import FailedPrecondition
+from acespec.cloud.verify.decided import DecidedSession
+from acespec.cloud.verify.engine import Engine
 from acespec.proto import acespec_pb2 as pb
 from acespec.proto.codec import (
     check_top_logprobs,
-    decode_drafts,
     decode_grow,
     decode_serve_params,
     encode_counts,
     encode_logprobs,
 )
+from acespec.shared.served import ServeParams
 
 INBOX = 64  # uplink messages read ahead of the session loop; then the client is pushed back
 
 
-def _ack(msg: pb.Decided, session) -> None:
+def _ack(msg: pb.Decided, session: DecidedSession) -> None:
     """Stamp a Decided with the uplink messages applied so far and how long the last of
     them has been here (the decided sessions' counterpart of Scores.server_time)."""
     if session.acked:
@@ -33,11 +37,25 @@ def _ack(msg: pb.Decided, session) -> None:
         msg.held_us = min(2**32 - 1, round((time.perf_counter() - session.acked_at) * 1e6))
 
 
+@dataclass
 class DecidedStreams:
-    """Decided sessions on the Session stream; the servicer provides engine, default_params,
-    _write and _read_ahead."""
+    """Serves the decided sessions of a servicer, through the servicer's stream I/O."""
 
-    async def _open_decided(self, msg: pb.Open, context, opened: list[str]):
+    engine: Engine
+    default_params: ServeParams
+    write: Callable[[object, pb.Downlink], Awaitable[None]]  # (context, message), bounded
+    read_ahead: Callable[[object, asyncio.Queue], Awaitable[None]]  # (context, inbox): fills
+    # the inbox with (Uplink, arrival time), then EOF or the read's exception
+
+    async def serve(self, msg: pb.Open, context, opened: list[str]) -> None:
+        """One decided session, from its Open to its end; its id goes to `opened`."""
+        session, opened_later = await self._open(msg, context, opened)
+        await self._loop(session, context, opened_later)
+
+    async def _open(self, msg: pb.Open, context, opened: list[str]
+                    ) -> tuple[DecidedSession, pb.Downlink | None]:
+        """Open the session and send its first token; the Opened still to send, when the
+        edge asked for the first token ahead of it."""
         self.engine.check_handshake(msg.protocol_version, msg.vocab_hash)
         if not msg.vocab_hash:
             raise FailedPrecondition("Open.vocab_hash is required")
@@ -53,35 +71,34 @@ class DecidedStreams:
         opened_msg = pb.Downlink(opened=pb.Opened(
             session_id=session_id, model_id=self.engine.model_id,
             vocab_hash=self.engine.vocab_hash, k_max=params.k_max,
-            coupled=params.sampling.coupled, decides=True, grows=True,
-            gap=session.gap is not None))
+            coupled=params.sampling.coupled, decides=True, gap=session.gap is not None))
         first_msg = pb.Downlink(decided=self._decided(session, session.prompt_len, first))
         if msg.decide.first_before_opened:  # the first token goes alone, Opened with the next
-            await self._write(context, first_msg)
+            await self.write(context, first_msg)
             return session, opened_msg
-        await self._write(context, opened_msg)
-        await self._write(context, first_msg)
+        await self.write(context, opened_msg)
+        await self.write(context, first_msg)
         return session, None
 
-    async def _decided_loop(self, session, context, opened: pb.Downlink | None = None
-                            ) -> None:
+    async def _loop(self, session: DecidedSession, context,
+                    opened: pb.Downlink | None = None) -> None:
         """The verifier decides (docs/design.md §3): pass after pass, never waiting for the link;
-        Drafts that arrived meanwhile are applied before each pass. Ends when the session
-        is done (its last Decided carries the counts) or the edge half-closes. opened: the
-        session's Opened, still to send (before the next Decided)."""
+        Grow messages that arrived meanwhile are applied before each pass. Ends when the
+        session is done (its last Decided carries the counts) or the edge half-closes.
+        opened: the session's Opened, still to send (before the next Decided)."""
         inbox: asyncio.Queue = asyncio.Queue(INBOX)
-        reader = asyncio.create_task(self._read_ahead(context, inbox))
+        reader = asyncio.create_task(self.read_ahead(context, inbox))
 
         async def send(msg: pb.Decided) -> None:
             nonlocal opened
             if opened is not None:
-                await self._write(context, opened)
+                await self.write(context, opened)
                 opened = None
-            await self._write(context, pb.Downlink(decided=msg))
+            await self.write(context, pb.Downlink(decided=msg))
 
         try:
             if session.done and opened is not None:
-                await self._write(context, opened)  # the first token was the last
+                await self.write(context, opened)  # the first token was the last
             while not session.done:
                 if self._apply_uplink(session, inbox):  # the edge has what it needs
                     await send(self._decided(session, session.end, [], last=True))
@@ -96,7 +113,7 @@ class DecidedStreams:
 
     @staticmethod
     async def _until_half_close(inbox: asyncio.Queue, linger_s: float = 10.0) -> None:
-        """The session is done, but the edge may still be writing drafts it made before it
+        """The session is done, but the edge may still be writing nodes it made before it
         read the last Decided: keep the stream open (drafts ignored) until it half-closes,
         so its writes never meet an ended stream (which it would take for a lost one)."""
         async def drain() -> None:
@@ -109,7 +126,8 @@ class DecidedStreams:
             await asyncio.wait_for(drain(), linger_s)
 
     @staticmethod
-    def _decided(session, start: int, tokens: list[int], last: bool = False) -> pb.Decided:
+    def _decided(session: DecidedSession, start: int, tokens: list[int], last: bool = False
+                 ) -> pb.Decided:
         """What a pass decided, with the target's logprobs where the session asked; the
         session's last message (done, or `last`) carries the verifier's account of it."""
         msg = pb.Decided(position=start, tokens=tokens, passes=session.counts.passes)
@@ -120,12 +138,13 @@ class DecidedStreams:
             msg.counts.CopyFrom(encode_counts(session.counts, time.perf_counter()))
         return msg
 
-    def _apply_uplink(self, session, inbox: asyncio.Queue) -> bool:
-        """Apply queued uplink messages of a decided session, about one pending-limit's worth
-        of nodes per pass (what is left waits for the next one: a session that floods its
-        uplink gets no more of the event loop per pass than one that does not); True at the
-        edge's EOF."""
-        budget = session.limits.max_pending
+    @staticmethod
+    def _apply_uplink(session: DecidedSession, inbox: asyncio.Queue) -> bool:
+        """Apply queued uplink messages of a decided session, about the limits'
+        applied_per_pass nodes per pass (what is left waits for the next one: a session that
+        floods its uplink gets no more of the event loop per pass than one that does not);
+        True at the edge's EOF."""
+        budget = session.limits.applied_per_pass
         while not inbox.empty() and budget > 0:
             item = inbox.get_nowait()
             msg, arrived = item if isinstance(item, tuple) else (item, None)
@@ -135,15 +154,10 @@ class DecidedStreams:
                 return True
             session.acked, session.acked_at = session.acked + 1, arrived
             kind = msg.WhichOneof("msg")
-            if kind == "grow":
-                g = decode_grow(msg.grow, session.next_id)
-                session.apply_grow(g.anchor, g.parents, g.tokens)
-                budget -= len(g.tokens)
-                continue
-            if kind != "drafts":
+            if kind != "grow":
                 raise FailedPrecondition(f"{kind or 'empty message'} in a session the verifier "
-                                         "decides: send Drafts or Grow")
-            d = decode_drafts(msg.drafts)
-            session.apply_drafts(d.position, d.behind, d.tokens)
-            budget -= len(d.tokens) + 1
+                                         "decides: send Grow")
+            g = decode_grow(msg.grow, session.next_id)
+            session.apply_grow(g.anchor, g.parents, g.tokens)
+            budget -= len(g.tokens)
         return False

@@ -1,5 +1,7 @@
 """The gRPC boundary: protobuf in, engine calls, protobuf out; domain errors become status
-codes here and end only the session that caused them."""
+codes here and end only the session that caused them. Edge-decided sessions and Generate
+are served here; decided sessions by the handler the servicer owns
+(acespec.cloud.serving.decided_stream)."""
 
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def _coalescible(msg) -> bool:
             and msg.WhichOneof("msg") == "extend" and not msg.extend.HasField("commit"))
 
 
-class VerifierServicer(DecidedStreams, pb_grpc.VerifierServicer):
+class VerifierServicer(pb_grpc.VerifierServicer):
     def __init__(self, engine: Engine, auth_tokens: frozenset[str] = frozenset(),
                  idle_timeout_s: float = 300.0, default_params: ServeParams = ServeParams(),
                  write_timeout_s: float = 30.0):
@@ -63,6 +65,7 @@ class VerifierServicer(DecidedStreams, pb_grpc.VerifierServicer):
         self.lost: str | None = None  # why no pass can run any more (fail_all)
         self.draining = False  # the server is stopping: sessions get its grace period
         self._lost: asyncio.Future | None = None  # done with that reason
+        self.decided = DecidedStreams(engine, default_params, self._write, self._read_ahead)
 
     def fail_all(self, reason: str) -> None:
         """No pass can run any more (a tensor-parallel rank was lost): sessions waiting for
@@ -189,8 +192,7 @@ class VerifierServicer(DecidedStreams, pb_grpc.VerifierServicer):
             raise FailedPrecondition(f"{first.WhichOneof('msg') or 'empty message'} "
                                      "before Open: the first message must be Open")
         if first.open.HasField("decide"):
-            session, opened_later = await self._open_decided(first.open, context, opened)
-            await self._decided_loop(session, context, opened_later)
+            await self.decided.serve(first.open, context, opened)
             return
         session = await self._open(first.open, context, opened)
         await self._loop(session, context)
@@ -246,9 +248,9 @@ class VerifierServicer(DecidedStreams, pb_grpc.VerifierServicer):
                         node_id=node_id, tail_token=ids.tolist(), tail_token_p=units.tolist())))
                 elif kind == "open":
                     raise FailedPrecondition("second Open on one stream; open a new stream")
-                elif kind in ("drafts", "grow"):
-                    raise FailedPrecondition(f"{kind.capitalize()} in a tree session: it needs "
-                                             "a session opened with Open.decide; send Extend")
+                elif kind == "grow":
+                    raise FailedPrecondition("Grow in an edge-decided session: it needs a "
+                                             "session opened with Open.decide; send Extend")
                 else:
                     raise InvalidArgument("empty Uplink message (no field of the oneof is set)")
         finally:

@@ -4,8 +4,11 @@ many sessions. Protobuf-free: the serving shell converts at the boundary.
 
     engine      the domain core: sessions, limits, batching, cloud-only generation
     session     an edge-decided session: the node trie over the tree KV cache
-    decided     decided sessions (greedy, coupled): the verifier walks the tree itself
+    decided     a decided session (greedy, coupled): the decided text beside the edge's
+                tree, what each pass feeds, its limits and account
+    verdict     the verdict rule and the walk of one scored pass (pure)
     proposals   how many of its own proposals a lone pass scores
-    gap         the operator's cloud-side gap drafter
+    share       the speculative nodes per pass a session has earned by its acceptance
+    gap         the operator's cloud-side gap drafter (gap_file: its model file)
     batcher     one pass at a time for all pending requests, in a worker thread
 """

@@ -1,34 +1,34 @@
-"""Sessions the verifier decides: greedy and coupled sampling (docs/design.md §3, §5).
+"""The decided session: the state of one session the verifier decides (greedy and coupled
+sampling; docs/design.md §3, §5), its limits and its account.
 
-In these sessions every verdict is a deterministic function of (seed, position, p~), so the
-verifier needs no edge to decide: after each pass it walks what it scored, keeps the
-accepted drafts, and decides one more token (the correction after a rejection, the bonus
-after a fully accepted chain, or - with no draft at all - the next token of plain
-autoregressive decoding). It never waits for the link: while the edge learns a verdict and
-drafts again, the verifier keeps decoding, and the edge's late drafts are reconciled with
-what was decided meanwhile (compared, not scored).
+Every verdict of such a session is a deterministic function of (seed, position, p~)
+(acespec.cloud.verify.verdict), so the verifier needs no edge to decide: after each pass it
+walks what it scored, keeps the accepted drafts, and decides one more token (the recovered
+token after a rejection, the bonus after a fully accepted line, or - with no draft at all -
+the next token of plain autoregressive decoding). It never waits for the link: while the
+edge learns a verdict and drafts again, the verifier keeps decoding, and the edge's late
+drafts are reconciled with what was decided meanwhile (compared, not scored).
 
-The edge's uplink is a speculation tree (`Grow`: nodes with parents, rooted in the decided
-text; docs/design.md §6) or, from an older edge, one chain (`Drafts(position, behind, tokens)`:
-"my text is your decided tokens up to position - behind, then the drafts I sent before up
-to `position`, then `tokens`", kept here as a chain of tree nodes). Each node is pending
-(beyond the decided end, on a path that agrees with the decided text), matched (its
-position is decided and equals its token) or dead (it or an ancestor disagrees). Only
-pending nodes are scored, so a dead draft never costs a pass; a pass feeds the whole
-pending tree and the walk follows whichever child it decides - the draft or a guessed
-recovery branch - so a hit on a branch continues with no round trip.
+The edge's uplink is its speculation tree (`Grow`: nodes with parents, rooted in the decided
+text; docs/design.md §6; a chain is a tree with no branches). Each node is pending (beyond
+the decided end, on a path that agrees with the decided text), matched (its position is
+decided and equals its token) or dead (it or an ancestor disagrees). Only pending nodes are
+scored, so a dead draft never costs a pass; a pass feeds the whole pending tree and the walk
+follows whichever child it decides - the draft or a guess - so a hit on a branch continues
+with no round trip.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from acespec.cloud.errors import InvalidArgument, ResourceExhausted
-from acespec.cloud.verify.decide import DecidedCounts, DecideLimits, decide
 from acespec.cloud.verify.share import Share
+from acespec.cloud.verify.verdict import FIRST, Walk, decide, walk
 from acespec.shared.grammar import Cursor
 from acespec.shared.logprobs import TokenLogprob, token_logprob
 from acespec.shared.lookup import lookup_order
@@ -37,6 +37,49 @@ from acespec.shared.served import ServeParams
 PENDING, MATCHED, DEAD = 0, 1, 2
 ROOT = -1  # a node's parent: the decided text up to its position
 HORIZON = 1024  # nodes this many positions behind the decided end are forgotten
+
+
+@dataclass(frozen=True)
+class DecideLimits:
+    """What bounds a decided session: its length, the model's context and vocabulary, and
+    what one pass feeds and applies."""
+
+    max_tokens: int  # decide at most this many tokens after the prompt
+    stop: frozenset[int] = frozenset()  # a decided stop token ends the session (it is sent)
+    context: int = 4096  # positions the model has (max_position_embeddings)
+    pass_nodes: int = 64  # most drafts scored in one pass
+    applied_per_pass: int = 2048  # uplink nodes applied before one pass (2x the edge's
+    # largest window); the rest wait for the next pass
+    vocab: int = 1 << 32  # token ids must be below this
+    propose: int = 0  # a pass no draft covers scores up to this many of the verifier's own
+    # proposals (prompt lookup over the session's text; 0: none)
+    propose_min_n: int = 1  # shortest n-gram a proposal must follow
+
+
+@dataclass
+class DecidedCounts:
+    """What the session's verifier did, for the edge's stats (sent with the last message)."""
+
+    opened_at: float = field(default_factory=time.perf_counter)
+    passes: int = 0
+    busy_s: float = 0.0  # seconds in passes for this session
+    drafts_received: int = 0
+    drafts_scored: int = 0  # drafts fed to a pass
+    drafts_reconciled: int = 0  # drafts found equal to tokens decided before they arrived
+    continuation: int = 0  # tokens decided with no draft at their position
+    hits: int = 0  # walks into a later-sent sibling (a guess), not the first
+    hits_restarted: int = 0  # ... that held no draft below the guess: decoding went on alone
+    lone_passes: int = 0  # passes no edge draft covered (the decided end had none)
+    lone_tokens: int = 0  # tokens those passes decided
+    proposed: int = 0  # the verifier's own proposals scored (in lone passes)
+    proposed_accepted: int = 0  # ... that the walk took
+    gap_s: float = 0.0  # seconds the gap drafter spent drafting this session's proposals
+
+    def dead_skipped(self) -> int:
+        """Drafts never scored nor settled by comparison: behind a rejection, contradicted
+        before scoring, or left over when the session ended. (A draft is counted once:
+        scored ones are decided or dead after their pass, reconciled ones were decided.)"""
+        return self.drafts_received - self.drafts_scored - self.drafts_reconciled
 
 
 @dataclass
@@ -62,7 +105,6 @@ class DecidedSession:
         self.nodes: dict[int, Node] = {}
         self.next_id = 0
         self.live: dict[int, None] = {}  # ids of pending nodes, in id (topological) order
-        self.chain: dict[int, int] = {}  # Drafts: position -> node id of the edge's chain
         self.done = False
         self.counts = DecidedCounts()
         self._in_pass: list[int] = []  # node ids fed to the pass in flight
@@ -71,7 +113,7 @@ class DecidedSession:
         self._lone = False  # the pass in flight had no edge draft at the decided end
         self.proposal_room = 0  # proposals the planned (lone) pass still has room for
         self.share = Share(limits.pass_nodes)  # nodes per pass it earns (cloud.verify.share)
-        self.gap = None  # the gap drafter's state for this session (acespec.cloud.verify.gap), if any
+        self.gap = None  # the gap drafter's state for this session (cloud.verify.gap), if any
         self.acked, self.acked_at = 0, 0.0  # uplink messages applied; the last one's arrival
         self.grammar: Cursor | None = None  # the structured output's (set by the engine)
         self.logprobs: int | None = None  # asked for: alternatives per token (None: not asked)
@@ -83,13 +125,11 @@ class DecidedSession:
         return len(self.tokens)
 
     def edge_on_path(self) -> bool:
-        """Whether the edge's latest chain is decided text to its last draft: the drafts it
-        has in flight then continue the decided text, and a lone pass only means the
-        verifier ran ahead of them. False before any draft, and after a miss until drafts
-        from the recovered token arrive (the round trip a proposer has to itself)."""
-        if not self.chain:
-            return False
-        last = self.nodes.get(self.chain[max(self.chain)])
+        """Whether the edge's latest node (the last one it sent) is decided text: the
+        drafts it has in flight then continue the decided text, and a lone pass only means
+        the verifier ran ahead of them. False before any draft, and after a miss until
+        drafts from the recovered token arrive (the round trip a proposer has to itself)."""
+        last = self.nodes.get(self.next_id - 1) if self.next_id else None
         return last is not None and last.state == MATCHED
 
     def pending(self) -> list[int]:
@@ -109,30 +149,6 @@ class DecidedSession:
                                     f"exceed {8 * self.limits.pass_nodes}; wait for Decided")
         for t, p in zip(tokens, parents):
             self._add(int(t), int(p), anchor)
-        self._forget()
-
-    def apply_drafts(self, position: int, behind: int, tokens: Sequence[int]) -> None:
-        """The edge's text is decided[:position - behind] + its earlier drafts up to
-        `position` + tokens (one chain). Raises InvalidArgument for an impossible node."""
-        base = position - behind
-        self._check_base(base, "Drafts")
-        if behind and position - 1 not in self.chain:
-            end = max(self.chain, default=base - 1) + 1
-            raise InvalidArgument(f"Drafts at position {position} leaves a gap: the edge's "
-                                  f"drafts so far end at {end}")
-        self._check_vocab(tokens, "Drafts.tokens")
-        for pos in [p for p in self.chain if p >= position]:  # replaced by these tokens
-            self._kill(self.chain.pop(pos))
-        lead = position + len(tokens) - self.end
-        if len(self.live) + len(tokens) > self.limits.max_pending or lead > self.limits.max_pending:
-            raise ResourceExhausted(
-                f"Drafts: {len(self.live) + len(tokens)} pending drafts reaching {lead} "
-                f"positions past the decided text would exceed {self.limits.max_pending}; "
-                "wait for Decided")
-        parent = self.chain[position - 1] if behind else ROOT
-        for i, t in enumerate(tokens):
-            self.chain[position + i] = self.next_id
-            parent = self._add(int(t), parent, position)
         self._forget()
 
     def _check_base(self, base: int, what: str) -> None:
@@ -266,39 +282,21 @@ class DecidedSession:
         decided token, decided tokens: the walked path then one more)."""
         fed, start = self._in_pass, self.end
         index = {nid: i for i, nid in enumerate(fed)}
-        kids: dict[int, dict[int, int]] = {}  # parent id (ROOT: the decided end) -> token -> nid
-        drafted: set[int] = set()  # parents with an edge draft below them
-        for nid in fed:
-            node = self.nodes[nid]
+        nodes = [self.nodes[nid] for nid in fed]
+        parents = [index.get(n.parent, FIRST) for n in nodes]  # [n] pass indices
+        for node in nodes:
             node.scored = True
-            parent = node.parent if node.parent in index else ROOT
-            kids.setdefault(parent, {}).setdefault(node.token, nid)
-            if not node.proposed:
-                drafted.add(parent)
-        new, at, self.walked = [], ROOT, []  # walked: pass indices of the accepted nodes
-        lps: list[TokenLogprob] = []  # the target's logprobs of `new`, when asked
-        hit = None  # the guessed node the walk entered last
-        while True:
-            row = rows[0] if at == ROOT else rows[1 + index[at]]
-            y = decide(row, self.params, self.seed, start + len(new), self._text(new),
-                       self.grammar)
-            new.append(y)
-            if self.logprobs is not None:
-                lps.append(token_logprob(row, y, self.logprobs))
-            nxt = kids.get(at, {}).get(y)
-            if nxt is None or y in self.limits.stop:
-                self.counts.continuation += at not in drafted
-                # a guessed branch that held only its guess: decoding goes on alone
-                self.counts.hits_restarted += at == hit and at not in kids
-                break
-            if nxt != next(iter(kids[at].values())):  # not the first child: a guess hit
-                self.counts.hits += 1
-                hit = nxt
-            self.walked.append(index[nxt])
-            self.counts.proposed_accepted += self.nodes[nxt].proposed
-            at = nxt
-        new = self._commit(new)
-        self.last_logprobs = lps[:len(new)]
+
+        def verdict(row: np.ndarray, new: list[int]) -> int:
+            return decide(row, self.params, self.seed, start + len(new), self._text(new),
+                          self.grammar)
+
+        w = walk(parents, [n.token for n in nodes], rows, verdict, self.limits.stop)
+        self.walked = w.path
+        self._count_walk(w, parents, nodes)
+        new = self._commit(w.tokens)
+        self.last_logprobs = [] if self.logprobs is None else [
+            token_logprob(rows[r], y, self.logprobs) for r, y in zip(w.rows(), new)]
         self._count_pass(fed, new, seconds)
         for nid in fed:  # a fed node the walk did not take is dead (its slot is gone)
             if self.nodes[nid].proposed:
@@ -307,6 +305,16 @@ class DecidedSession:
                 self._kill(nid)
         self._settle_live()
         return start, new
+
+    def _count_walk(self, w: Walk, parents: list[int], nodes: list[Node]) -> None:
+        """The walk's account: continuation (it ended where no edge draft was), hits and
+        the proposals it took."""
+        c, end = self.counts, w.path[-1] if w.path else FIRST
+        drafted = {p for p, n in zip(parents, nodes) if not n.proposed}  # with an edge draft below
+        c.continuation += end not in drafted
+        c.hits += w.hits
+        c.hits_restarted += w.restarted
+        c.proposed_accepted += sum(nodes[i].proposed for i in w.path)
 
     def _count_pass(self, fed: list[int], new: list[int], seconds: float) -> None:
         c, proposed = self.counts, sum(self.nodes[i].proposed for i in fed)
@@ -356,7 +364,6 @@ class DecidedSession:
         old = self.end - HORIZON
         self.nodes = {i: n for i, n in self.nodes.items()
                       if n.state == PENDING or (n.state == MATCHED and n.position >= old)}
-        self.chain = {p: i for p, i in self.chain.items() if p >= old}  # ids may be forgotten
 
 
 _TOP = Node(token=-1, parent=ROOT, position=-1, state=MATCHED)  # stands for ROOT

@@ -22,11 +22,11 @@ from acespec.cloud.errors import (
 )
 from acespec.cloud.target.model import Request, Transformer
 from acespec.cloud.verify.batcher import Batcher, StepEmulation
-from acespec.cloud.verify.decide import DecideLimits, decide
-from acespec.cloud.verify.decided import DecidedSession
+from acespec.cloud.verify.decided import DecidedSession, DecideLimits
 from acespec.cloud.verify.gap import GapDrafter
 from acespec.cloud.verify.proposals import Depth
 from acespec.cloud.verify.session import TreeSession
+from acespec.cloud.verify.verdict import decide
 from acespec.proto import PROTOCOL_VERSION
 from acespec.shared.grammar import Cursor, GrammarError, tokenizer_from_json
 from acespec.shared.logprobs import TokenLogprob, token_logprob
@@ -116,8 +116,10 @@ class Engine:
 
     def check_handshake(self, protocol_version: int, vocab_hash: str) -> None:
         if protocol_version != PROTOCOL_VERSION:
-            raise FailedPrecondition(f"protocol_version {protocol_version} is not supported; "
-                                     f"this verifier speaks {PROTOCOL_VERSION}")
+            older = "edge" if protocol_version < PROTOCOL_VERSION else "verifier"
+            raise FailedPrecondition(f"edge speaks protocol {protocol_version}, this verifier "
+                                     f"speaks {PROTOCOL_VERSION}; upgrade the {older} so "
+                                     "both speak one protocol")
         if vocab_hash and vocab_hash != self.vocab_hash:
             raise FailedPrecondition(f"vocab_hash mismatch: edge {vocab_hash}, verifier "
                                      f"{self.vocab_hash} ({self.model_id}); drafter and target "

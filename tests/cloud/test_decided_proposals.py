@@ -10,8 +10,7 @@ import zlib
 import numpy as np
 import pytest
 
-from acespec.cloud.verify.decide import DecideLimits
-from acespec.cloud.verify.decided import ROOT, DecidedSession
+from acespec.cloud.verify.decided import ROOT, DecidedSession, DecideLimits
 from acespec.shared.config import SamplingParams
 from acespec.shared.served import ServeParams
 
@@ -99,7 +98,7 @@ def test_a_repeating_text_is_decided_several_tokens_per_lone_pass():
 
 def test_a_pass_with_a_draft_at_the_decided_end_proposes_nothing():
     s = DecidedSession([1, 2, 3, 4, 5, 1, 2], GREEDY, 0, DecideLimits(max_tokens=8, propose=4))
-    s.apply_drafts(s.end, 0, [3])
+    s.apply_grow(s.end, [ROOT], [3])
     _pass(s, periodic)
     assert s.counts.proposed == 0 and s.counts.lone_passes == 0 and s.counts.drafts_scored == 1
     assert not [n for n in s.nodes if n < ROOT]  # no proposal is left behind

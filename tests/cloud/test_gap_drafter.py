@@ -12,10 +12,15 @@ torch = pytest.importorskip("torch")
 
 from test_decided_proposals import COUPLED, GREEDY, V, _decode, hashed, periodic  # noqa: E402
 
-from acespec.cloud.verify.gap import GapDrafter  # noqa: E402
+from acespec.cloud.verify.engine import Engine, Limits, _agreeing  # noqa: E402
+from acespec.cloud.verify.gap import DECAY, EXPLORE, WARMUP, GapDrafter, Ledger  # noqa: E402
+from acespec.cloud.verify.proposals import PassCost  # noqa: E402
+from acespec.models import DEMO_TARGET  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 
 from conftest import plain_greedy  # noqa: E402
+from test_decided import grow_chain  # noqa: E402
+from verifier_harness import run  # noqa: E402
 
 
 @pytest.fixture
@@ -31,8 +36,6 @@ def gap(tiny_pair):
 def flat_cost():
     """A pass cost where every pass costs the same, so a busy machine's timings cannot make
     a proposal look not worth its pass (the depth would then skip the ledger's turn)."""
-    from acespec.cloud.verify.proposals import PassCost
-
     class Flat(PassCost):
         def seconds(self, tokens: int) -> float:
             return 0.01
@@ -44,9 +47,6 @@ def decide(model, vocab: str, prompt: list[int], params, seed: int, max_tokens: 
            propose: int = 1, gap=None, sharing: float | None = None):
     """One decided session run to its end on an Engine whose passes all cost the same
     (flat_cost), `sharing` sessions on its device when scripted; returns the session."""
-    from acespec.cloud.verify.engine import Engine, Limits
-
-    from verifier_harness import run
 
     async def go():
         eng = Engine(model, vocab, "t", Limits(propose=propose), gap=gap)
@@ -85,8 +85,6 @@ def test_proposals_stop_at_the_drafters_context(gap):
 
 
 def test_a_drafter_with_another_tokenizer_is_refused(tiny_pair):
-    from acespec.models import DEMO_TARGET
-
     _, _, ggufs = tiny_pair
     demo = Tokenizer.load(DEMO_TARGET)
     with pytest.raises(ValueError, match="--gap-drafter.*not the target's.*share the target's"):
@@ -130,9 +128,6 @@ def test_gap_proposals_never_change_the_decided_text(params, logits):
 def test_an_engine_session_proposes_with_the_gap_drafter_only_when_asked(gap, tiny_pair):
     """Engine.open_decided(gap=...) gives the session the drafter's state or none; with
     none, a lone pass is left to prompt lookup (up to DecideLimits.propose tokens)."""
-    from acespec.cloud.verify.engine import Engine, Limits
-
-    from verifier_harness import run
 
     tok_dir, model, _ = tiny_pair
 
@@ -158,7 +153,6 @@ def test_a_drafter_that_has_spent_more_than_it_earned_is_asked_rarely(gap, tiny_
     """A ledger deep in the red (100 s spent, nothing earned) stays there over a session:
     the drafter is asked in one lone pass of EXPLORE, prompt lookup proposes in the others,
     and the text is the target's greedy text either way."""
-    from acespec.cloud.verify.gap import EXPLORE, WARMUP, Ledger
 
     tok_dir, model, _ = tiny_pair
     gap.ledger = Ledger(calls=WARMUP, spent_s=100.0)
@@ -172,8 +166,6 @@ def test_a_drafter_that_has_spent_more_than_it_earned_is_asked_rarely(gap, tiny_
 
 
 def test_the_ledger_asks_while_earned_covers_spent():
-    from acespec.cloud.verify.gap import DECAY, EXPLORE, WARMUP, Ledger
-
     book = Ledger()
     for _ in range(WARMUP):  # warm-up: asked whatever it costs
         assert book.worth()
@@ -194,7 +186,6 @@ def test_the_ledger_charges_a_draft_step_to_every_session_that_waits_it_out():
     lone pass while the device serves one session, and stops as the device fills (the
     draft step delays each session sharing it): past 5 sessions it explores once in
     EXPLORE x sessions lone passes, so exploring costs the same per session under load."""
-    from acespec.cloud.verify.gap import EXPLORE, WARMUP, Ledger
 
     book = Ledger(calls=WARMUP, earned_s=0.5, spent_s=0.1)
     assert all(book.worth(1.0) for _ in range(50))
@@ -212,7 +203,6 @@ def test_a_loaded_verifier_stops_drafting_for_its_sessions(gap, tiny_pair):
     sharing each pass): the drafter, paying its way, proposes in each lone pass of the
     first and in a few of the second's (prompt lookup in the rest), and both texts are the
     target's greedy text."""
-    from acespec.cloud.verify.gap import EXPLORE, WARMUP, Ledger
 
     tok_dir, model, _ = tiny_pair
     prompt = [1, 5, 9, 14]
@@ -230,8 +220,6 @@ def test_a_loaded_verifier_stops_drafting_for_its_sessions(gap, tiny_pair):
 
 
 def test_lookups_counterfactual_is_its_prefix_agreeing_with_what_was_decided():
-    from acespec.cloud.verify.engine import _agreeing
-
     assert _agreeing([4, 5, 6], [4, 5, 9]) == 2
     assert _agreeing([4, 5], [4, 5, 6]) == 2
     assert _agreeing([4, 5, 6], [4]) == 1  # beyond what the pass decided: not counted
@@ -246,7 +234,6 @@ def test_coupled_sessions_get_the_drafters_coupled_picks(gap, tiny_pair):
     the session decides with no proposals at all. (Not every one: the copy proposes one
     token per forward, the target scores several per pass, and float32 sums in another
     order can flip a near tie of the Gumbel-max; CI saw 16 of 18.)"""
-    from acespec.cloud.verify.gap import WARMUP, Ledger
 
     tok_dir, model, _ = tiny_pair
     vocab, prompt = Tokenizer.load(tok_dir).vocab_hash(), [1, 5, 9, 14]
@@ -268,10 +255,6 @@ def test_the_drafter_waits_while_the_edges_drafts_continue_the_text(gap, tiny_pa
     flight continue the decided text) a lone pass leaves proposals to prompt lookup; after
     a miss, until the edge's drafts from the recovered token arrive, the drafter proposes;
     and the text is the target's greedy text."""
-    from acespec.cloud.verify.engine import Engine, Limits
-    from acespec.cloud.verify.gap import WARMUP, Ledger
-
-    from verifier_harness import run
 
     tok_dir, model, _ = tiny_pair
     prompt = [1, 5, 9, 14]
@@ -284,18 +267,18 @@ def test_the_drafter_waits_while_the_edges_drafts_continue_the_text(gap, tiny_pa
         eng.depth.cost = flat_cost()
         _, s, _ = await eng.open_decided(prompt, GREEDY, 0, 40, [])
         assert not s.edge_on_path()  # no draft yet
-        s.apply_drafts(s.end, 0, greedy[1:5])  # right: all taken, plus the bonus
+        grow_chain(s, greedy[1:5])  # right: all taken, plus the bonus
         await eng.decided_pass(s)
         assert s.edge_on_path() and s.gap.calls == 0
         await eng.decided_pass(s)  # lone, ahead of the edge: lookup's
         calls = [s.gap.calls]
         wrong = (greedy[len(s.tokens) - len(prompt)] + 1) % model.args.vocab_size
-        s.apply_drafts(s.end, 0, [wrong])  # a miss
+        grow_chain(s, [wrong])  # a miss
         await eng.decided_pass(s)
         assert not s.edge_on_path()
         await eng.decided_pass(s)  # lone, in the round trip after the miss: the drafter's
         calls.append(s.gap.calls)
-        s.apply_drafts(s.end, 0, greedy[len(s.tokens) - len(prompt):][:3])  # back in step
+        grow_chain(s, greedy[len(s.tokens) - len(prompt):][:3])  # back in step
         await eng.decided_pass(s)
         await eng.decided_pass(s)
         calls.append(s.gap.calls)
@@ -313,11 +296,6 @@ def test_an_edge_draft_that_brings_a_proposed_token_takes_back_its_credit(gap, t
     proposals decided beyond lookup's; when the edge's drafts for those positions arrive
     moments later, the proposals saved only those moments, and the next pass hands the rest
     back to the ledger at once."""
-    from acespec.cloud.verify.engine import Engine, Limits
-    from acespec.cloud.verify.gap import WARMUP, Ledger
-    from acespec.cloud.verify.proposals import PassCost
-
-    from verifier_harness import run
 
     class Slow(PassCost):
         def seconds(self, tokens: int) -> float:
@@ -336,7 +314,7 @@ def test_an_edge_draft_that_brings_a_proposed_token_takes_back_its_credit(gap, t
         await eng.decided_pass(s)  # lone, no edge yet: the drafter's, all taken
         credited, earned = dict(s.gap.credited), gap.ledger.earned_s
         assert credited
-        s.apply_drafts(len(prompt) + 1, 0, greedy[1:len(s.tokens) - len(prompt)])
+        grow_chain(s, greedy[1:len(s.tokens) - len(prompt)], anchor=len(prompt) + 1)
         refund = earned - gap.ledger.earned_s
         assert 4.0 * len(credited) < refund <= 5.0 * len(credited) and not s.gap.credited
         calls = s.gap.calls

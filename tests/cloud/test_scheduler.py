@@ -7,6 +7,7 @@ import asyncio
 import random
 
 import pytest
+from prometheus_client import generate_latest
 
 torch = pytest.importorskip("torch")
 
@@ -18,8 +19,7 @@ from acespec.cloud.verify.batcher import (  # noqa: E402
     PREFILL_SLACK,
     Batcher,
 )  # noqa: E402
-from acespec.cloud.verify.decide import DecideLimits  # noqa: E402
-from acespec.cloud.verify.decided import DecidedSession  # noqa: E402
+from acespec.cloud.verify.decided import ROOT, DecidedSession, DecideLimits  # noqa: E402
 from acespec.cloud.verify.share import FLOOR, Share  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
 
@@ -62,7 +62,7 @@ def test_a_tree_sessions_commits_count_as_accepted():
 
 def test_a_decided_pass_keeps_within_its_budget():
     s = DecidedSession([1, 2, 3], ServeParams(), 0, DecideLimits(max_tokens=50, vocab=100))
-    s.apply_drafts(3, 0, list(range(10, 30)))
+    s.apply_grow(3, [ROOT] + list(range(19)), list(range(10, 30)))
     assert len(s.plan_pass(lookup_proposals=False, budget=4)) == 1 + 4
     assert len(s.plan_pass(lookup_proposals=False)) == 1 + 20
 
@@ -248,8 +248,6 @@ def test_share_metrics_come_and_go_with_the_session():
     share = Share(cap=16)
     share.settle(10, 2)
     m.on_share("ab" * 16, share)
-    from prometheus_client import generate_latest
-
     text = generate_latest(m.registry).decode()
     assert f'acespec_session_share{{session="{"ab" * 6}"}} {float(share.nodes())}' in text
     assert 'acespec_speculative_nodes_total{fate="wasted"} 8.0' in text

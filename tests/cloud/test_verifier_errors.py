@@ -11,9 +11,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from acespec.cloud.serving.server import ServerConfig  # noqa: E402
-from acespec.cloud.verify.engine import Limits  # noqa: E402
+from acespec.cloud.serving.server import ServerConfig, create_server  # noqa: E402
+from acespec.cloud.verify.batcher import StepEmulation  # noqa: E402
+from acespec.cloud.verify.engine import Engine, Limits  # noqa: E402
 from acespec.edge.client import CloudSession, generate  # noqa: E402
+from acespec.proto import PROTOCOL_VERSION  # noqa: E402
 from acespec.proto import acespec_pb2 as pb  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
@@ -60,7 +62,7 @@ def raw_call(ch):
                             response_deserializer=pb.Downlink.FromString)()
 
 
-def open_msg(prompt, vh, version=1, **kw):
+def open_msg(prompt, vh, version=PROTOCOL_VERSION, **kw):
     return pb.Uplink(open=pb.Open(protocol_version=version, vocab_hash=vh,
                                   prompt_tokens=prompt, **kw))
 
@@ -78,8 +80,14 @@ def bad_cases(vh, prompt):
         "extend before open": ([ext([5])], "FAILED_PRECONDITION", "extend before Open"),
         "commit before open": ([pb.Uplink(commit=pb.Commit(node_id=0))], "FAILED_PRECONDITION",
                                "commit before Open"),
-        "protocol version": ([open_msg(prompt, vh, version=9)], "FAILED_PRECONDITION",
-                             "protocol_version 9"),
+        "newer protocol": ([open_msg(prompt, vh, version=PROTOCOL_VERSION + 1)],
+                           "FAILED_PRECONDITION",
+                           f"edge speaks protocol {PROTOCOL_VERSION + 1}, this verifier speaks "
+                           f"{PROTOCOL_VERSION}; upgrade the verifier"),
+        "older protocol": ([open_msg(prompt, vh, version=PROTOCOL_VERSION - 1,
+                                     decide=pb.Decide(max_tokens=4))], "FAILED_PRECONDITION",
+                           f"edge speaks protocol {PROTOCOL_VERSION - 1}, this verifier speaks "
+                           f"{PROTOCOL_VERSION}; upgrade the edge"),
         "vocab mismatch": ([open_msg(prompt, "v1:deadbeefdeadbeef")], "FAILED_PRECONDITION",
                            "vocab_hash mismatch: edge v1:deadbeefdeadbeef"),
         "oversize prompt": ([open_msg(list(range(2, 80)), vh)], "RESOURCE_EXHAUSTED",
@@ -135,6 +143,35 @@ def test_each_bad_input_fails_only_its_session(target):
         assert code.name == want_code, f"{name}: {code.name} {details}"
         assert want_text in details, f"{name}: {details!r}"
     assert leaked == 0
+
+
+def test_generate_in_another_protocol_is_refused_naming_both(target):
+    """Generate checks the protocol version as Open does: FAILED_PRECONDITION naming the
+    edge's and the verifier's, and which side to upgrade."""
+    model, vh, prompt, _ = target
+
+    async def call(addr, version):
+        async with channel(addr) as ch:
+            stub = ch.unary_stream("/acespec.v1.Verifier/Generate",
+                                   request_serializer=pb.GenerateRequest.SerializeToString,
+                                   response_deserializer=pb.GenerateChunk.FromString)
+            try:
+                async for _ in stub(pb.GenerateRequest(protocol_version=version, vocab_hash=vh,
+                                                       prompt_tokens=prompt, max_tokens=2)):
+                    pass
+            except grpc.aio.AioRpcError as e:
+                return e.code().name, e.details()
+            return "OK", ""
+
+    async def go():
+        async with running_verifier(model, vh, CFG) as (_, addr):
+            return [await call(addr, v) for v in (0, PROTOCOL_VERSION, PROTOCOL_VERSION + 7)]
+
+    old, same, new = run(go())
+    assert old == ("FAILED_PRECONDITION", f"edge speaks protocol 0, this verifier speaks "
+                   f"{PROTOCOL_VERSION}; upgrade the edge so both speak one protocol")
+    assert same == ("OK", "")
+    assert new[0] == "FAILED_PRECONDITION" and "upgrade the verifier" in new[1]
 
 
 def test_disconnect_frees_the_session_and_full_server_refuses(target):
@@ -226,9 +263,6 @@ def test_idle_session_is_ended_and_freed(target):
 
 
 def test_graceful_stop_drains_open_sessions_and_refuses_new(target):
-    from acespec.cloud.serving.server import create_server
-    from acespec.cloud.verify.engine import Engine
-
     model, vh, prompt, expected = target
 
     async def go():
@@ -255,8 +289,6 @@ def test_graceful_stop_drains_open_sessions_and_refuses_new(target):
 def test_a_decided_session_decoding_alone_is_not_idle(target):
     """--idle-timeout counts messages both ways: a decided session whose edge sends nothing
     after Open while the verifier decodes (slow passes) runs to done=true."""
-    from acespec.cloud.verify.batcher import StepEmulation
-
     model, vh, prompt, _ = target
     cfg = ServerConfig(idle_timeout_s=0.5, emulation=StepEmulation(150.0, 0.0))
 
@@ -264,7 +296,7 @@ def test_a_decided_session_decoding_alone_is_not_idle(target):
         async with running_verifier(model, vh, cfg) as (_, addr), channel(addr) as ch:
             call = raw_call(ch)
             await call.write(pb.Uplink(open=pb.Open(
-                protocol_version=1, vocab_hash=vh, prompt_tokens=prompt,
+                protocol_version=PROTOCOL_VERSION, vocab_hash=vh, prompt_tokens=prompt,
                 decide=pb.Decide(max_tokens=12))))  # ~12 x 150 ms: well past 0.5 s
             tokens, done = [], False
             async for msg in call:

@@ -4,9 +4,10 @@ A seeded generator builds streams of four kinds: valid sessions (must end OK), s
 with one deliberately bad message injected (must end with that message's status code),
 mis-ordered valid messages (Extend/Commit/MoreTail before Open: FAILED_PRECONDITION), random
 or mutated bytes (any outcome but a crash), and sessions the verifier decides (Open.decide,
-Drafts: valid ones end OK, one bad Drafts or a tree message ends them with its code). Throughout, a healthy session runs
-alongside and must produce the right tokens; afterwards no session may be left open and the
-servicer must not have hit an internal error.
+then Grow: valid ones end OK, one bad Grow or a message of the other session kind ends them
+with its code). Throughout, a healthy session runs alongside and must produce the right
+tokens; afterwards no session may be left open and the servicer must not have hit an
+internal error.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ torch = pytest.importorskip("torch")
 
 from acespec.cloud.serving.server import ServerConfig  # noqa: E402
 from acespec.cloud.verify.engine import Limits  # noqa: E402
+from acespec.proto import PROTOCOL_VERSION  # noqa: E402
 from acespec.proto import acespec_pb2 as pb  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 
@@ -31,6 +33,16 @@ from verifier_harness import run, running_verifier  # noqa: E402
 N_MESSAGES = 10_000
 ALLOWED = {"OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "NOT_FOUND"}
 CFG = ServerConfig(limits=Limits(max_sessions=64, max_live_nodes=16, max_prompt_tokens=48))
+V1_DRAFTS = b"\x2a\x02\x08\x01"  # an Uplink holding protocol 1's Drafts (field 5, now reserved)
+
+
+def grow(**fields) -> pb.Uplink:
+    return pb.Uplink(grow=pb.Grow(**fields))
+
+
+def raw_open(version: int, vocab_hash: str, prompt: list[int]) -> pb.Uplink:
+    return pb.Uplink(open=pb.Open(protocol_version=version, vocab_hash=vocab_hash,
+                                  prompt_tokens=prompt))
 
 
 class Fuzzer:
@@ -39,7 +51,7 @@ class Fuzzer:
 
     def open(self, **kw) -> pb.Uplink:
         n = int(self.rng.integers(1, 12))
-        return pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash=self.vh,
+        return pb.Uplink(open=pb.Open(protocol_version=PROTOCOL_VERSION, vocab_hash=self.vh,
                                       prompt_tokens=self.rng.integers(0, self.vocab, n).tolist(),
                                       seed=int(self.rng.integers(0, 2**63)), **kw))
 
@@ -53,20 +65,23 @@ class Fuzzer:
         return msgs
 
     def decided_session(self) -> list[pb.Uplink]:
-        """A session the verifier decides (greedy or coupled): Open.decide, then Drafts
-        chains (some on top of earlier drafts, some restarting at the prompt's end)."""
-        coupled = bool(self.rng.integers(2))
+        """A session the verifier decides (greedy or coupled): Open.decide, then Grow
+        messages (chains on top of the previous message's last node or restarting at the
+        prompt's end, now and then with a branch under any earlier node)."""
+        r = self.rng
+        coupled = bool(r.integers(2))
         sampling = pb.Sampling(temperature=0.8, coupled=True) if coupled else pb.Sampling()
         msgs = [self.open(sampling=sampling, decide=pb.Decide(
-            max_tokens=int(self.rng.integers(0, 6)), stop_tokens=[int(self.rng.integers(self.vocab))]))]
-        end = position = len(msgs[0].open.prompt_tokens)
-        for _ in range(int(self.rng.integers(1, 4))):
-            n = int(self.rng.integers(1, 4))
-            behind = position - end if self.rng.integers(2) else 0
-            position = end + behind
-            msgs.append(pb.Uplink(drafts=pb.Drafts(position=position, behind=behind,
-                                                   tokens=self.rng.integers(0, self.vocab, n).tolist())))
-            position += n
+            max_tokens=int(r.integers(0, 6)), stop_tokens=[int(r.integers(self.vocab))]))]
+        end, next_id = len(msgs[0].open.prompt_tokens), 0
+        for _ in range(int(r.integers(1, 4))):
+            n = int(r.integers(1, 4))
+            idx = [i for i in range(1, n) if r.random() < 0.3]
+            msgs.append(pb.Uplink(grow=pb.Grow(
+                anchor=end, tokens=r.integers(0, self.vocab, n).tolist(),
+                first_parent=1 if next_id and r.integers(2) else 0, branch_index=idx,
+                branch_parent=[int(r.integers(1, next_id + i + 1)) for i in idx])))
+            next_id += n
         return msgs
 
     def bad_decided(self) -> tuple[list[pb.Uplink], str]:
@@ -75,11 +90,16 @@ class Fuzzer:
         opened = self.open(decide=pb.Decide(max_tokens=0))
         end = len(opened.open.prompt_tokens)
         options = [
-            (pb.Uplink(drafts=pb.Drafts(position=end, tokens=[int(r.integers(v, 2**32))])), "INVALID_ARGUMENT"),
-            (pb.Uplink(drafts=pb.Drafts(position=end, tokens=[])), "INVALID_ARGUMENT"),
-            (pb.Uplink(drafts=pb.Drafts(position=end + 1000, behind=0, tokens=[1])), "INVALID_ARGUMENT"),
-            (pb.Uplink(drafts=pb.Drafts(position=end, behind=end + 1, tokens=[1])), "INVALID_ARGUMENT"),
-            (pb.Uplink(drafts=pb.Drafts(position=end + 3, behind=3, tokens=[1])), "INVALID_ARGUMENT"),
+            (grow(anchor=end, tokens=[int(r.integers(v, 2**32))]), "INVALID_ARGUMENT"),
+            (grow(anchor=end, tokens=[]), "INVALID_ARGUMENT"),
+            (grow(anchor=end + 1000, tokens=[1]), "INVALID_ARGUMENT"),  # beyond the decided
+            (grow(anchor=int(r.integers(0, end)), tokens=[1]), "INVALID_ARGUMENT"),  # in the prompt
+            (grow(anchor=end, tokens=[1], first_parent=1), "INVALID_ARGUMENT"),  # before node 0
+            (grow(anchor=end, tokens=[1, 2], branch_index=[1]), "INVALID_ARGUMENT"),  # no parent
+            (grow(anchor=end, tokens=[1, 2], branch_index=[int(r.choice([0, 2]))],
+                  branch_parent=[1]), "INVALID_ARGUMENT"),
+            (grow(anchor=end, tokens=[1] * 200), "RESOURCE_EXHAUSTED"),  # over 8 x max_live_nodes
+            (pb.Uplink.FromString(V1_DRAFTS), "FAILED_PRECONDITION"),
             (pb.Uplink(extend=pb.Extend(tokens=[1])), "FAILED_PRECONDITION"),
             (pb.Uplink(commit=pb.Commit(node_id=0)), "FAILED_PRECONDITION"),
             (self.open(), "FAILED_PRECONDITION"),
@@ -99,19 +119,21 @@ class Fuzzer:
             (pb.Uplink(more_tail=pb.MoreTail(node_id=0, n=int(r.integers(65, 1000)))), "INVALID_ARGUMENT"),
             (pb.Uplink(), "INVALID_ARGUMENT"),
             (self.open(), "FAILED_PRECONDITION"),
-            (pb.Uplink(drafts=pb.Drafts(position=1, tokens=[1])), "FAILED_PRECONDITION"),
+            (grow(anchor=1, tokens=[1]), "FAILED_PRECONDITION"),
+            (pb.Uplink.FromString(V1_DRAFTS), "INVALID_ARGUMENT"),
         ]
         return options[int(r.integers(len(options)))]
 
     def bad_open(self) -> tuple[pb.Uplink, str]:
         r = self.rng
+        other_version = (PROTOCOL_VERSION + int(r.integers(1, 100))) % 100  # 0 and 1 among them
         options = [
             (self.open(sampling=pb.Sampling(temperature=float(-r.random() - 0.1))), "INVALID_ARGUMENT"),
             (self.open(sampling=pb.Sampling(temperature=1.0, top_p=float(1.1 + r.random()))), "INVALID_ARGUMENT"),
-            (pb.Uplink(open=pb.Open(protocol_version=int(r.integers(2, 99)), vocab_hash=self.vh, prompt_tokens=[1])), "FAILED_PRECONDITION"),
-            (pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash="v1:0000", prompt_tokens=[1])), "FAILED_PRECONDITION"),
-            (pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash=self.vh, prompt_tokens=[])), "INVALID_ARGUMENT"),
-            (pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash=self.vh, prompt_tokens=[1] * 100)), "RESOURCE_EXHAUSTED"),
+            (raw_open(other_version, self.vh, [1]), "FAILED_PRECONDITION"),
+            (raw_open(PROTOCOL_VERSION, "v1:0000", [1]), "FAILED_PRECONDITION"),
+            (raw_open(PROTOCOL_VERSION, self.vh, []), "INVALID_ARGUMENT"),
+            (raw_open(PROTOCOL_VERSION, self.vh, [1] * 100), "RESOURCE_EXHAUSTED"),
             (self.open(sampling=pb.Sampling(temperature=0.8), decide=pb.Decide()), "FAILED_PRECONDITION"),
         ]
         return options[int(r.integers(len(options)))]

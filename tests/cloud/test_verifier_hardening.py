@@ -28,6 +28,7 @@ from acespec.cloud.target.model import Transformer  # noqa: E402
 from acespec.cloud.verify.batcher import StepEmulation  # noqa: E402
 from acespec.cloud.verify.engine import Limits  # noqa: E402
 from acespec.edge.client import CloudSession  # noqa: E402
+from acespec.proto import PROTOCOL_VERSION  # noqa: E402
 from acespec.proto import acespec_pb2 as pb  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import ServeParams, served, tail_draws  # noqa: E402
@@ -75,13 +76,13 @@ def generate_call(ch, prompt, max_tokens):
     stub = ch.unary_stream("/acespec.v1.Verifier/Generate",
                            request_serializer=pb.GenerateRequest.SerializeToString,
                            response_deserializer=pb.GenerateChunk.FromString)
-    return stub(pb.GenerateRequest(protocol_version=1, vocab_hash=VH, prompt_tokens=prompt,
-                                   max_tokens=max_tokens))
+    return stub(pb.GenerateRequest(protocol_version=PROTOCOL_VERSION, vocab_hash=VH,
+                                   prompt_tokens=prompt, max_tokens=max_tokens))
 
 
 def open_msg(prompt, **sampling):
-    return pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash=VH, prompt_tokens=prompt,
-                                  sampling=pb.Sampling(**sampling)))
+    return pb.Uplink(open=pb.Open(protocol_version=PROTOCOL_VERSION, vocab_hash=VH,
+                                  prompt_tokens=prompt, sampling=pb.Sampling(**sampling)))
 
 
 async def status_of(call) -> tuple[str, str]:

@@ -1,10 +1,11 @@
-"""`cloud serve` from the command line under a hostile client: one session floods Drafts and
-another churns Grow, twice for 12 s, every node dead on arrival, while a third decodes. The
-verifier's memory stays bounded (peak RSS <= 1.5 x idle + 200 MB; a second flood leaves it
-no bigger than the first did). The honest session's latency is printed beside its idle figure; the assert on it is
-loose (5x: the hostile client may share the verifier's cores, and wall-clock ratios belong
-in benchmarks), but it catches the stall this guards against: a verifier that kept dead
-nodes would answer the honest session orders of magnitude slower."""
+"""`cloud serve` from the command line under a hostile client: two sessions churn Grow (one
+in chains, one in fans of siblings), twice for 12 s, every node dead on arrival, while a
+third decodes. The verifier's memory stays bounded (peak RSS <= 1.5 x idle + 200 MB; a
+second flood leaves it no bigger than the first did). The honest session's latency is
+printed beside its idle figure; the assert on it is loose (5x: the hostile client may share
+the verifier's cores, and wall-clock ratios belong in benchmarks), but it catches the stall
+this guards against: a verifier that kept dead nodes would answer the honest session orders
+of magnitude slower."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 pytest.importorskip("torch")
 
 from acespec.models import DEMO_TARGET  # noqa: E402
+from acespec.proto import PROTOCOL_VERSION  # noqa: E402
 from acespec.proto import acespec_pb2 as pb  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 
@@ -43,8 +45,8 @@ def _call(ch):
 
 
 def _open(vh: str, prompt: list[int], max_tokens: int) -> pb.Uplink:
-    return pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash=vh, prompt_tokens=prompt,
-                                  decide=pb.Decide(max_tokens=max_tokens)))
+    return pb.Uplink(open=pb.Open(protocol_version=PROTOCOL_VERSION, vocab_hash=vh,
+                                  prompt_tokens=prompt, decide=pb.Decide(max_tokens=max_tokens)))
 
 
 async def _honest(ch, vh: str, prompt: list[int]) -> float:
@@ -59,21 +61,23 @@ async def _honest(ch, vh: str, prompt: list[int]) -> float:
     return time.perf_counter() - t0
 
 
-# The hostile client, in its own process (its loop must not slow the honest client's): one
-# session sends 2,000 drafts at a decided position (dead at once) as fast as the verifier
-# takes them, another 500-node Grow chains under it; prints how many nodes it sent.
+# The hostile client, in its own process (its loop must not slow the honest client's): two
+# sessions send 500-node Grow messages at a decided position (dead at once) as fast as the
+# verifier takes them, one a chain, the other 499 siblings under its first node; prints how
+# many nodes it sent.
 FLOOD = """
 import asyncio, sys, time
 import grpc
+from acespec.proto import PROTOCOL_VERSION
 from acespec.proto import acespec_pb2 as pb
 addr, vh, secs = sys.argv[1], sys.argv[2], float(sys.argv[3])
 prompt = [int(x) for x in sys.argv[4].split(",")]
 
-async def flood(ch, grow):
+async def flood(ch, fan):
     call = ch.stream_stream("/acespec.v1.Verifier/Session",
                             request_serializer=pb.Uplink.SerializeToString,
                             response_deserializer=pb.Downlink.FromString)()
-    await call.write(pb.Uplink(open=pb.Open(protocol_version=1, vocab_hash=vh,
+    await call.write(pb.Uplink(open=pb.Open(protocol_version=PROTOCOL_VERSION, vocab_hash=vh,
         prompt_tokens=prompt, decide=pb.Decide(max_tokens=3000))))
     async def drain():
         async for _ in call:
@@ -81,13 +85,14 @@ async def flood(ch, grow):
     reader = asyncio.ensure_future(drain())
     n, wrong, sent, end = len(prompt), (prompt[-1] + 7) % 4096, 0, time.monotonic() + secs
     while time.monotonic() < end:
-        msg = (pb.Uplink(grow=pb.Grow(anchor=n, tokens=[wrong] * 500)) if grow else
-               pb.Uplink(drafts=pb.Drafts(position=n, behind=0, tokens=[wrong] * 2000)))
+        fans = list(range(1, 500)) if fan else []
+        msg = pb.Uplink(grow=pb.Grow(anchor=n, tokens=[wrong] * 500, branch_index=fans,
+                                     branch_parent=fans))
         try:
             await call.write(msg)
         except grpc.aio.AioRpcError:
             break
-        sent += 500 if grow else 2000
+        sent += 500
     reader.cancel()
     call.cancel()
     return sent

@@ -157,12 +157,12 @@ def test_a_verifier_that_finishes_first_loses_nothing(tiny_pair, noisy_gguf, mon
     keeps the stream open until the edge half-closes, so the edge's late writes land and
     nothing is re-done. An older verifier ends the stream at once: the late write fails
     (grpc reports INTERNAL), and the edge resumes from what it committed - same text."""
-    from acespec.cloud.serving.servicer import VerifierServicer
+    from acespec.cloud.serving.decided_stream import DecidedStreams
 
     if not linger:
         async def no_linger(inbox, linger_s=10.0):
             return None
-        monkeypatch.setattr(VerifierServicer, "_until_half_close", staticmethod(no_linger))
+        monkeypatch.setattr(DecidedStreams, "_until_half_close", staticmethod(no_linger))
     model, tok, prompt, truth, drafter, cfg = _slow_edge(tiny_pair, noisy_gguf, 200, 16, tree)
     out, stats = _generate(model, tok, prompt, drafter, cfg, spec=FAST, fast_verifier=True)
     assert out == truth

@@ -55,7 +55,7 @@ def test_coupled_sampling_follows_the_penalised_target():
     target's p~ (chi-square, p > 0.001), and not as the unpenalised one's."""
     from scipy.stats import chisquare
 
-    from acespec.cloud.verify.decide import decide
+    from acespec.cloud.verify.verdict import decide
 
     logits = np.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, 1.8, 0.2])
     text = [0, 6, 6, 1, 0, 6]
