@@ -7,6 +7,7 @@ oneDNN sums in another order than MKL); bfloat16 within 2 % of the output's scal
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -14,8 +15,12 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
+from acespec.cloud.target import packed as packed_module  # noqa: E402
 from acespec.cloud.target.loader import load_model  # noqa: E402
 from acespec.cloud.target.packed import PackedLinear, available, pack_linears, select_linear  # noqa: E402
+from acespec.proto import PROTOCOL_VERSION, acespec_pb2, acespec_pb2_grpc  # noqa: E402
+
+from cli_harness import verifier  # noqa: E402
 
 ATOL = 2e-4
 CPU = torch.device("cpu")
@@ -101,12 +106,6 @@ def test_linear_choice_errors_name_what_is_wrong(hf_pair):
 @needs_onednn
 def test_cloud_serve_linear_flag_from_the_shell():
     """`acespec cloud serve --linear onednn|torch` says what runs, and serves `Generate`."""
-    import grpc
-
-    from acespec.proto import acespec_pb2, acespec_pb2_grpc
-
-    from cli_harness import verifier
-
     texts = {}
     for choice in ("onednn", "torch"):
         proc, addr = verifier("--linear", choice)
@@ -114,8 +113,8 @@ def test_cloud_serve_linear_flag_from_the_shell():
             assert f"linear layers: {choice}" in proc.stderr
             with grpc.insecure_channel(addr) as ch:
                 stub = acespec_pb2_grpc.VerifierStub(ch)
-                req = acespec_pb2.GenerateRequest(protocol_version=1, prompt_tokens=[1, 2, 3],
-                                                  max_tokens=12)
+                req = acespec_pb2.GenerateRequest(protocol_version=PROTOCOL_VERSION,
+                                                  prompt_tokens=[1, 2, 3], max_tokens=12)
                 texts[choice] = [t for m in stub.Generate(req, timeout=60) for t in m.tokens]
             assert proc.stop()[0] == 0
     assert len(texts["onednn"]) == 12
@@ -125,14 +124,12 @@ def test_cloud_serve_linear_flag_from_the_shell():
 def test_auto_keeps_torch_where_onednn_fails(hf_pair, monkeypatch, caplog):
     """A build whose packed linear raises (an untested platform) runs F.linear under auto,
     and `--linear onednn` says why it cannot."""
-    from acespec.cloud.target import packed
-
     def broken(self, x):
         raise RuntimeError("no oneDNN kernel for this CPU")
 
     _, _, path = hf_pair
-    monkeypatch.setattr(packed.PackedLinear, "forward", broken)
-    packed._probe.cache_clear()
+    monkeypatch.setattr(packed_module.PackedLinear, "forward", broken)
+    packed_module._probe.cache_clear()
     try:
         model = load_model(path)
         assert select_linear("auto", model) == "torch"
@@ -142,4 +139,4 @@ def test_auto_keeps_torch_where_onednn_fails(hf_pair, monkeypatch, caplog):
             select_linear("onednn", model)
     finally:
         monkeypatch.undo()
-        packed._probe.cache_clear()
+        packed_module._probe.cache_clear()
