@@ -5,16 +5,32 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 
 EXIT_USAGE = 2
 
 
 class OneLineErrors(argparse.ArgumentParser):
     """A bad flag is reported in one line naming it (not the whole usage block). Subparsers
-    made from one inherit the class."""
+    made from one inherit the class.
+
+    A parser with sub-commands may name one its `default_command`: arguments that start with
+    no sub-command's name (nor --help) are that command's, so `acespec bench --depth 8` is
+    `acespec bench run --depth 8`."""
+
+    default_command: str | None = None
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self.default_command is not None:
+            args = list(sys.argv[1:] if args is None else args)
+            names = {name for action in self._actions
+                     if isinstance(action, argparse._SubParsersAction) for name in action.choices}
+            if not args or args[0] not in names | {"-h", "--help"}:
+                args.insert(0, self.default_command)
+        return super().parse_known_args(args, namespace)
 
 
 def number(kind, lo=None, hi=None, lo_open=False):
@@ -50,7 +66,6 @@ def draft_ms(text: str) -> tuple[float, float]:
 def dispatch(args: argparse.Namespace, level: int) -> int:
     """Run a parsed command (its `func`) with logging at `level`; Ctrl-C is exit 130."""
     import logging
-    import sys
 
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
