@@ -5,7 +5,7 @@ generate` run on the same prompts in every scenario, and beside it, in processes
 own (their loops must not slow the honest client's):
 
 - `peer`: another honest client, generating greedily in a loop: what sharing costs;
-- `wasteN`: N clients that extend `WASTE_NODES` random nodes in a tree session, commit
+- `wasteN`: N clients that extend `WASTE_NODES` random nodes in an edge-decided session, commit
   one, and repeat: speculation that is never taken (docs/design.md §3 bounds its share);
 - `longN`: N clients that open decided sessions on `LONG_PROMPT`-token repetitive prompts,
   decide a few tokens, and open again: prefill after prefill (chunked, docs/design.md §3).
@@ -24,6 +24,14 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+
+import grpc
+
+from acespec.edge.client import CloudSession, channel
+from acespec.procs import python_module
+from acespec.proto import PROTOCOL_VERSION
+from acespec.proto import acespec_pb2 as pb
+from acespec.shared.served import ServeParams
 
 WASTE_NODES = 256
 LONG_PROMPT = 4000
@@ -58,11 +66,8 @@ class Scenario:
 
 async def waste(addr: str, vh: str, seconds: float, nodes: int = WASTE_NODES,
                 seed: int = 0) -> int:
-    """A tree session extending `nodes` random nodes, committing the first, until `seconds`
+    """An edge-decided session extending `nodes` random nodes, committing the first, until `seconds`
     pass. Returns the nodes it had scored."""
-    from acespec.edge.client import CloudSession, channel
-    from acespec.shared.served import ServeParams
-
     rng, sent = random.Random(seed), 0
     async with channel(addr) as ch:
         s = CloudSession(ch)
@@ -87,10 +92,6 @@ async def long_prompts(addr: str, vh: str, seconds: float, length: int = LONG_PR
                        seed: int = 0) -> int:
     """Decided sessions on a repetitive prompt of `length` tokens, LONG_DECIDE tokens each,
     one after another until `seconds` pass. Returns the sessions opened."""
-    import grpc
-
-    from acespec.proto import acespec_pb2 as pb
-
     rng, opened = random.Random(seed), 0
     unit = [rng.randrange(4096) for _ in range(50)]
     async with grpc.aio.insecure_channel(addr) as ch:
@@ -101,7 +102,7 @@ async def long_prompts(addr: str, vh: str, seconds: float, length: int = LONG_PR
                                     request_serializer=pb.Uplink.SerializeToString,
                                     response_deserializer=pb.Downlink.FromString)()
             await call.write(pb.Uplink(open=pb.Open(
-                protocol_version=1, vocab_hash=vh, prompt_tokens=prompt,
+                protocol_version=PROTOCOL_VERSION, vocab_hash=vh, prompt_tokens=prompt,
                 decide=pb.Decide(max_tokens=LONG_DECIDE))))
             opened += 1
             async for msg in call:
@@ -125,8 +126,6 @@ def peer(addr: str, seconds: float, max_tokens: int, pair_args: list[str]) -> in
 def honest(addr: str, prompt: str, max_tokens: int, pair_args: list[str],
            timeout: float = 300) -> dict:
     """One `acespec edge generate --json` run from the command line: its stats."""
-    from acespec.procs import python_module
-
     out = subprocess.run(python_module("acespec") + [
         "edge", "generate", "--cloud", addr, "--max-tokens", str(max_tokens), "--json",
         *pair_args, prompt], capture_output=True, text=True, timeout=timeout, check=False)
@@ -139,8 +138,6 @@ def honest(addr: str, prompt: str, max_tokens: int, pair_args: list[str],
 
 def attackers(scenario: Scenario, addr: str, vh: str, seconds: float, max_tokens: int,
               pair_args: list[str]) -> list[subprocess.Popen]:
-    from acespec.procs import python_module
-
     return [subprocess.Popen(python_module("acespec.sim.hostile") + [
         scenario.kind, addr, vh, str(seconds), str(i), str(max_tokens), *pair_args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

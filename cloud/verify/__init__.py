@@ -3,7 +3,7 @@ scores, the verifier's own proposals and gap drafter, and the batcher that runs 
 many sessions. Protobuf-free: the serving shell converts at the boundary.
 
     engine      the domain core: sessions, limits, batching, cloud-only generation
-    session     an edge-decided session: the node trie over the tree KV cache
+    edge_decided  an edge-decided session: the node trie over the tree KV cache
     decided     a decided session (greedy, coupled): the decided text beside the edge's
                 tree, what each pass feeds, its limits and account
     verdict     the verdict rule and the walk of one scored pass (pure)

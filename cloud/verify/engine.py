@@ -23,9 +23,9 @@ from acespec.cloud.errors import (
 from acespec.cloud.target.model import Request, Transformer
 from acespec.cloud.verify.batcher import Batcher, StepEmulation
 from acespec.cloud.verify.decided import DecidedSession, DecideLimits
+from acespec.cloud.verify.edge_decided import EdgeDecidedSession
 from acespec.cloud.verify.gap import GapDrafter
 from acespec.cloud.verify.proposals import Depth
-from acespec.cloud.verify.session import TreeSession
 from acespec.cloud.verify.verdict import decide
 from acespec.proto import PROTOCOL_VERSION
 from acespec.shared.grammar import Cursor, GrammarError, tokenizer_from_json
@@ -40,7 +40,7 @@ DEFAULT_GENERATE_TOKENS = 128  # Generate with max_tokens unset (0 on the wire)
 
 @dataclass(frozen=True)
 class Limits:
-    max_sessions: int = 256  # tree sessions and Generate calls at once
+    max_sessions: int = 256  # edge-decided and decided sessions and Generate calls at once
     max_live_nodes: int = 256  # uncommitted nodes per session
     max_prompt_tokens: int = 4096
     max_generate_tokens: int = 4096
@@ -71,7 +71,7 @@ class Lone:
 @dataclass
 class OpenResult:
     session_id: str
-    session: TreeSession
+    session: EdgeDecidedSession
     root: NodeScore
     max_live_nodes: int
 
@@ -91,7 +91,7 @@ class Engine:
     def __post_init__(self) -> None:
         on_pass = self.metrics.on_pass if self.metrics else None
         self.batcher = Batcher(self.model, self.limits.max_batch_nodes, self.emulation, on_pass)
-        self.sessions: dict[str, TreeSession] = {}
+        self.sessions: dict[str, EdgeDecidedSession] = {}
         self._ids: dict[int, str] = {}  # id(session) -> its session id, for the metrics
         self.depth = Depth(max(1, self.limits.propose))  # lone passes' proposals worth scoring
         self.generating = 0  # Generate calls running now
@@ -105,7 +105,7 @@ class Engine:
 
     @property
     def active(self) -> int:
-        """Tree sessions plus Generate calls: what max_sessions bounds."""
+        """Sessions plus Generate calls: what max_sessions bounds."""
         return len(self.sessions) + self.generating
 
     def _admit(self) -> None:
@@ -136,7 +136,7 @@ class Engine:
         self._admit()
         self._check_prompt(prompt)
         live = min(max_live_nodes or self.limits.max_live_nodes, self.limits.max_live_nodes)
-        session = TreeSession(self.model, params, seed, live, self.limits.max_tail_per_node)
+        session = EdgeDecidedSession(self.model, params, seed, live, self.limits.max_tail_per_node)
         session.grammar = grammar
         req = session.plan_open(prompt)
         session_id = self._register(session)
@@ -267,11 +267,11 @@ class Engine:
         session.add_proposals(lone.proposals)
         return lone
 
-    async def extend(self, session: TreeSession, first_id: int, tokens: np.ndarray,
+    async def extend(self, session: EdgeDecidedSession, first_id: int, tokens: np.ndarray,
                      parents: np.ndarray) -> list[NodeScore]:
         return (await self.extend_many(session, [(first_id, tokens, parents)]))[0]
 
-    async def extend_many(self, session: TreeSession, extends: Sequence[tuple]
+    async def extend_many(self, session: EdgeDecidedSession, extends: Sequence[tuple]
                           ) -> list[list[NodeScore]]:
         """Score several consecutive Extends of one session in one forward pass (the edge
         pipelines them while the target is busy). extends: [(first_id, tokens, parents)]."""

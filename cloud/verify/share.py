@@ -49,14 +49,14 @@ class Share:
 
     def settle(self, scored: int, accepted: int = 0) -> None:
         """A pass scored `scored` speculative nodes of the session and `accepted` of them
-        (or, for a tree session, of earlier passes' nodes: its commits) were taken."""
+        (or, for an edge-decided session, of earlier passes' nodes: its commits) were taken."""
         self.scored = DECAY * self.scored + scored
         self.accepted = DECAY * self.accepted + accepted
         self.total_scored += scored
         self.total_accepted += accepted
 
     def accept(self, accepted: int) -> None:
-        """Tokens taken later than their pass (a tree session's Commit)."""
+        """Tokens taken later than their pass (an edge-decided session's Commit)."""
         self.accepted += accepted
         self.total_accepted += accepted
 

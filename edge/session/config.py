@@ -134,7 +134,7 @@ class Stats:
     shape_changes: int = 0
     link: dict | None = None  # the link as the adaptive shape sees it
     verifier: dict | None = None  # decided sessions: the verifier's account (summed)
-    server_s: float = 0.0  # tree sessions: sum of Scores.server_time (queue + pass), s
+    server_s: float = 0.0  # edge-decided sessions: sum of Scores.server_time (queue + pass), s
     tree_width: int = 0  # decided sessions with a speculation tree: most live nodes at one
     tree_depth: int = 0  # position, and the deepest live position ahead (maxima seen)
     verdicts: dict = field(default_factory=dict)  # speculation tree: decided tokens by verdict
@@ -161,7 +161,7 @@ class Stats:
     def idle_figures(self) -> dict:
         """verifier_busy (fraction of the verifier's session time spent in passes for it),
         dead drafts it never scored, tokens it decided with no draft. Decided sessions
-        report them exactly; tree sessions estimate busy from the Scores' server times."""
+        report them exactly; edge-decided sessions estimate busy from the Scores' server times."""
         v = self.verifier
         if v is not None:
             return {"verifier_busy": round(v["busy_s"] / v["wall_s"], 3) if v["wall_s"] else None,
@@ -180,7 +180,7 @@ class Stats:
     def pass_figures(self) -> dict:
         """Decided sessions: passes no edge draft covered ("lone") and what they decided,
         the verifier's own proposals and how many it accepted, the passes with drafts and
-        what they decided. None in tree sessions (no verifier account); a verifier older
+        what they decided. None in edge-decided sessions (no verifier account); a verifier older
         than these counts reports zeros."""
         v = self.verifier
         if v is None or "lone_passes" not in v:

@@ -53,7 +53,7 @@ def test_greedy_generate_through_tp2_equals_tp1(reference):
     with proc:
         assert re.search(r"started ranks 1\.\.1 \(pids \d+\)", proc.stderr)
         assert "tensor parallelism: 2 ranks (gloo)" in proc.stderr
-        for mode, want in reference.items():  # decided tree sessions, and Generate
+        for mode, want in reference.items():  # decided and edge-decided sessions, and Generate
             assert generate(addr, "--mode", mode) == want, mode
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         moved = float(re.search(r"^acespec_tp_allreduce_bytes (\S+)", metrics, re.M).group(1))

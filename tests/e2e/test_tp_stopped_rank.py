@@ -1,5 +1,5 @@
 """A tensor-parallel rank that stops answering without dying: `cloud serve --tp 2` with
-rank 1 sent SIGSTOP while a Generate is in a pass and a tree session waits for its client.
+rank 1 sent SIGSTOP while a Generate is in a pass and an edge-decided session waits for its client.
 Rank 0 finds it by its heartbeat: health NOT_SERVING within 10 s, both calls end with
 UNAVAILABLE naming rank 1, one log line says for how long it was silent, the stopped rank
 is killed and the server exits 1 (a supervisor restarts it)."""
@@ -100,7 +100,7 @@ def _generate(stub, vocab_hash: str, prompt: list[int], max_tokens: int):
 
 
 def _idle_session(stub, vocab_hash: str, prompt: list[int], hold: queue.Queue):
-    """A tree session that opens, then sends nothing until `hold` gets an item."""
+    """An edge-decided session that opens, then sends nothing until `hold` gets an item."""
     def uplink():
         yield pb.Uplink(open=pb.Open(protocol_version=PROTOCOL_VERSION, vocab_hash=vocab_hash,
                                      prompt_tokens=prompt,
