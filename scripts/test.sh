@@ -3,7 +3,7 @@
 #
 #   bash scripts/test.sh [--fast] [pytest args...]
 #
-#   --fast   the quick lane for an edit-test loop (about 3 minutes on two cores): every test
+#   --fast   the quick lane for an edit-test loop (about 4 minutes on two cores): every test
 #            not marked `slow` (servers started from the shell, model builds, long
 #            statistical runs). CI runs everything.
 set -euo pipefail
