@@ -21,6 +21,7 @@ LOAD_MODES = "ar,acespec,acespec-gap,colo,cloud-lookup"  # acespec.sim.load.DEFA
 STEP_MS = "40,0.5"  # acespec.sim.bench.BenchConfig.emulate: per-node heavy
 GPU_LIKE = "25,0.1,256"  # acespec.sim.load.GPU_LIKE: flat up to 256 nodes
 CLOUD_DRAFT_MS = "5,0.05"  # acespec.sim.bench.CLOUD_DRAFT_MS
+EDGE_DRAFT_MS = "12,1"  # acespec.sim.load.EDGE_DRAFT_MS: a 1B-class drafter on a laptop
 
 
 def add_bench_parser(sub) -> None:
@@ -105,6 +106,20 @@ def _add_load(cmds) -> None:
     _generation_options(p, temperature=True)
     _verifier_options(p, GPU_LIKE, "flat 25 ms up to 256 nodes", dtype=False,
                       cloud_draft=True)
+    g = p.add_argument_group("the emulated world")
+    g.add_argument("--emulate-draft-ms", type=draft_ms, default=EDGE_DRAFT_MS,
+                   metavar="T[,PER_TOKEN]",
+                   help="TESTBED profile of each client's device: pad each drafter decode to "
+                   "T ms (+ PER_TOKEN ms per extra sequence in a batch), waited out by that "
+                   "client alone; the default is a 1B-class drafter on a laptop, and the demo "
+                   "drafter's real decode stays below it (default: %(default)s)")
+    g.add_argument("--dilate", type=number(float, 1.0, 100.0), default=1.0, metavar="K",
+                   help="time dilation: every time constant of the emulated world (the step "
+                   "profiles, the edges' drafter step, the link's delay) x K and the link's "
+                   "rate / K, so that the machine's own compute shrinks against the emulated "
+                   "device; figures are reported in undilated units, and each row states the "
+                   "machine's CPU busy fraction (a row above 0.8 is CPU-bound and does not "
+                   "count toward goodput) (default: %(default)s)")
     _model_options(p)
     g = p.add_argument_group("prediction")
     g.add_argument("--predict", action="store_true",

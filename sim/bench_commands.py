@@ -127,14 +127,17 @@ def bench_load(args) -> int:
             cloud_draft=args.emulate_cloud_draft_ms, propose=args.propose,
             requests=args.requests, max_tokens=args.max_tokens, temperature=args.temperature,
             per_process=args.per_process, edge_nice=args.edge_nice,
-            slo_speedup=args.slo_speedup, slo_ttft_s=args.slo_ttft_s, slo_tok_s=args.slo_tok_s)
+            slo_speedup=args.slo_speedup, slo_ttft_s=args.slo_ttft_s, slo_tok_s=args.slo_tok_s,
+            emulate_draft=args.emulate_draft_ms, dilate=args.dilate)
         prompts = [p["prompt"] for p in _prompts(args)]
     except (ValueError, OSError) as e:
         return _fail(e)
     result = load.run_load(cfg, args.model, args.drafter, prompts,
                            lambda m: print(m, file=sys.stderr, flush=True))
     print(f"profile: --emulate-step-ms {cfg.emulate}, --emulate-cloud-draft-ms "
-          f"{cfg.cloud_draft}, --propose {cfg.propose}, --edge-nice {cfg.edge_nice}, "
+          f"{cfg.cloud_draft}, --emulate-draft-ms {cfg.emulate_draft[0]:g},"
+          f"{cfg.emulate_draft[1]:g} (edges), --dilate {cfg.dilate:g} (figures undilated), "
+          f"--propose {cfg.propose}, --edge-nice {cfg.edge_nice}, "
           f"link {cfg.link} per client, "
           f"{cfg.requests} generations of {cfg.max_tokens} tokens per client, "
           f"{len(prompts)} prompts, temperature {cfg.temperature}")

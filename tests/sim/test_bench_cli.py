@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from acespec.argtypes import draft_ms
 from acespec.cli import build_parser
 from acespec.sim import bench, bench_cli, load
 
@@ -54,6 +55,8 @@ def test_the_parsers_defaults_are_the_librarys():
     assert bench_cli.STEP_MS == bench.BenchConfig.emulate
     assert bench_cli.GPU_LIKE == load.GPU_LIKE == load.LoadConfig.emulate
     assert bench_cli.CLOUD_DRAFT_MS == bench.CLOUD_DRAFT_MS == load.LoadConfig.cloud_draft
+    assert draft_ms(bench_cli.EDGE_DRAFT_MS) == load.EDGE_DRAFT_MS == \
+        load.LoadConfig.emulate_draft
 
 
 def test_defaults_follow_the_command():
