@@ -83,6 +83,11 @@ MODES: dict[str, Mode] = {m.name: m for m in (
          help="the verifier speculates by prompt lookup alone, the edge drafts nothing"),
 )}
 NAMES = tuple(MODES)
+BENCH_DEFAULT = ("ar", "sd", "pipeline", "acespec")  # `acespec bench run`'s modes
+# `bench load` runs the modes the verifier decides, and cloud-only decoding
+LOAD = tuple(n for n, m in MODES.items() if m.offline == "wait"
+             and (m.cloud_only or m.decides == "verifier"))
+LOAD_DEFAULT = ("ar", "acespec", "acespec-gap", "colo", "cloud-lookup")
 
 
 def mode(name: str) -> Mode:

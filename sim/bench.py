@@ -39,14 +39,13 @@ from acespec.sim.stages import (
 )
 from acespec.sim.timeline import Screen, link_cycle_s, links
 
-DEFAULT_MODES = ("ar", "sd", "pipeline", "acespec")  # of acespec.shared.modes.MODES
 CLOUD_DRAFT_MS = "5,0.05"  # colo's draft step, see BenchConfig.cloud_draft
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     links: tuple[tuple[str, LinkSpec], ...]  # (label, spec)
-    modes: tuple[str, ...] = DEFAULT_MODES  # names in acespec.shared.modes.MODES
+    modes: tuple[str, ...] = modes.BENCH_DEFAULT  # names in acespec.shared.modes.MODES
     max_tokens: int = 64
     depth: int = 4
     window: int = 16

@@ -16,8 +16,6 @@ from acespec.models import DEMO_DRAFTER
 from acespec.shared import modes
 from acespec.sim.datasets import DATASETS
 
-RUN_MODES = "ar,sd,pipeline,acespec"  # acespec.sim.bench.DEFAULT_MODES
-LOAD_MODES = "ar,acespec,acespec-gap,colo,cloud-lookup"  # acespec.sim.load.DEFAULT_LOAD_MODES
 STEP_MS = "40,0.5"  # acespec.sim.bench.BenchConfig.emulate: per-node heavy
 GPU_LIKE = "25,0.1,256"  # acespec.sim.load.GPU_LIKE: flat up to 256 nodes
 CLOUD_DRAFT_MS = "5,0.05"  # acespec.sim.bench.CLOUD_DRAFT_MS
@@ -44,7 +42,7 @@ def _add_run(cmds) -> None:
         "TTFT, inter-token latency, acceptance, wire bytes/token (socket level), "
         "passes/token, the ideal bound and speedups over ar and sd.")
     g = _link_options(p, netns=True)
-    g.add_argument("--modes", default=RUN_MODES,
+    g.add_argument("--modes", default=",".join(modes.BENCH_DEFAULT),
                    help=f"comma-separated, from: {modes.help_text()}. The verifier gets "
                    "--gap-drafter when a mode with a gap drafter runs; the other modes' "
                    "sessions turn it off (default: %(default)s)")
@@ -99,7 +97,7 @@ def _add_load(cmds) -> None:
     g.add_argument("--slo-ttft-s", type=number(float, 0.0, lo_open=True), default=2.0,
                    help="... and TTFT p90 at most this (default: %(default)s)")
     g = _link_options(p, netns=False)
-    g.add_argument("--modes", default=LOAD_MODES,
+    g.add_argument("--modes", default=",".join(modes.LOAD_DEFAULT),
                    help="comma-separated, of the modes the verifier decides and that wait "
                    "while it is unreachable (see `bench run --help`) (default: %(default)s)")
     _prompt_options(p)

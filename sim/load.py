@@ -50,9 +50,6 @@ from acespec.sim.des_many import MANY_MODES, Fleet, simulate_many
 from acespec.sim.proxy import ProxyThread
 from acespec.sim.stages import LinkSpec
 
-LOAD_MODES = tuple(m for m in modes.NAMES if modes.MODES[m].offline == "wait"
-                   and modes.MODES[m].decides == "verifier")  # decided sessions, and ar
-DEFAULT_LOAD_MODES = ("ar", "acespec", "acespec-gap", "colo", "cloud-lookup")
 GPU_LIKE = "25,0.1,256"  # flat 25 ms up to 256 nodes a pass, then 0.1 ms per node
 # The edges' drafter step: a 1B-class drafter on a laptop (about 12 ms a decode on an
 # Apple-silicon GPU or a recent x86 laptop's cores, 1 ms more per extra sequence in a batch).
@@ -67,7 +64,7 @@ SLO_TTFT_S = 2.0  # ... and TTFT p90 at most this
 @dataclass(frozen=True)
 class LoadConfig:
     clients: tuple[int, ...] = (1, 2, 4, 8, 16)
-    modes: tuple[str, ...] = DEFAULT_LOAD_MODES
+    modes: tuple[str, ...] = modes.LOAD_DEFAULT
     link: str = "50kbit:50ms"
     emulate: str = GPU_LIKE  # the verifier's --emulate-step-ms
     cloud_draft: str = "5,0.05"  # the verifier's --emulate-cloud-draft-ms (colo)
@@ -84,7 +81,7 @@ class LoadConfig:
     dilate: float = 1.0  # time dilation: every time constant of the emulated world x this
 
     def __post_init__(self):
-        modes.check(self.modes, LOAD_MODES, "bench load")
+        modes.check(self.modes, modes.LOAD, "bench load")
         if not self.clients or any(n < 1 for n in self.clients):
             raise ValueError(f"--clients wants counts >= 1, got {self.clients}")
         if self.slo_tok_s is None and not ("ar" in self.modes and 1 in self.clients):

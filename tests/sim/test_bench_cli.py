@@ -50,8 +50,6 @@ def test_a_command_refuses_another_commands_option(command, own, foreign, capsys
 
 
 def test_the_parsers_defaults_are_the_librarys():
-    assert tuple(bench_cli.RUN_MODES.split(",")) == bench.DEFAULT_MODES
-    assert tuple(bench_cli.LOAD_MODES.split(",")) == load.DEFAULT_LOAD_MODES
     assert bench_cli.STEP_MS == bench.BenchConfig.emulate
     assert bench_cli.GPU_LIKE == load.GPU_LIKE == load.LoadConfig.emulate
     assert bench_cli.CLOUD_DRAFT_MS == bench.CLOUD_DRAFT_MS == load.LoadConfig.cloud_draft
