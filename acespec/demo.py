@@ -14,11 +14,19 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+from acespec import pairs
 from acespec.argtypes import number
+from acespec.edge.client import channel
+from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
+from acespec.edge.session import EdgeEngine, EngineConfig
+from acespec.edge.text import StreamDecoder, TextCodec
+from acespec.models import DEMO_DRAFTER
 from acespec.procs import free_port, python_module, wait_port
 from acespec.shared.tokenizer import ModelFileError
+from acespec.sim.bench import parse_links
 
 SAMPLE = "def fibonacci(n):\n    "
 DEFAULT_PAIR = "smollm2"  # above ar in `acespec bench --pair smollm2 --dataset sharegpt`
@@ -28,8 +36,6 @@ COLUMNS = ("tokens_per_s", "ttft_s", "mean_acceptance_length", "cache_hit_rate",
 
 
 def add_parser(sub) -> None:
-    from acespec.models import DEMO_DRAFTER
-
     d = sub.add_parser(
         "demo", help="the WAN demo: verifier + 50 kbit/s 50 ms link + edge, ar vs acespec",
         description="Start the verifier and a link emulator as child processes, stream a "
@@ -47,8 +53,6 @@ def add_parser(sub) -> None:
     d.add_argument("--max-tokens", type=number(int, 1), default=96)
     d.add_argument("--model", default="", help="target HF folder (instead of a --pair)")
     d.add_argument("--drafter", default=str(DEMO_DRAFTER), help="drafter GGUF (with --model)")
-    from acespec import pairs
-
     pairs.add_argument(d, note=" (default here: smollm2, unless --model/--drafter are given)",
                        target="model", drafter="drafter")
     d.add_argument("--modes", default="acespec,ar", help="first is streamed (default: %(default)s)")
@@ -90,11 +94,6 @@ class Children:
 
 
 def run(args) -> int:
-    import tempfile
-
-    from acespec import pairs
-    from acespec.sim.bench import parse_links
-
     try:
         (label, spec), = parse_links(args.link)
         if args.pair is None and args.model == args._pair_defaults["model"] \
@@ -149,6 +148,7 @@ def run(args) -> int:
 def _check_files(args) -> None:
     """The target folder and the drafter GGUF read (their headers): a bad file is one line
     here, before any child starts."""
+    # lazy: torch is the cloud extra's (`acespec --help` runs without it)
     from acespec.cloud.target.loader import check_checkpoint
     from acespec.cloud.verify.gap_file import check_gguf
 
@@ -160,11 +160,6 @@ def _check_files(args) -> None:
 
 async def _generate(args, addr: str) -> dict:
     """Each mode on the prompt through the link; the first one streamed to stdout."""
-    from acespec.edge.client import channel
-    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
-    from acespec.edge.session import EdgeEngine, EngineConfig
-    from acespec.edge.text import StreamDecoder, TextCodec
-
     drafter = LlamaDrafter(args.drafter, LlamaDrafterConfig(n_seq_max=2))
     codec = TextCodec.from_drafter(drafter)
     shown, text = _prompt(args, drafter)
@@ -203,8 +198,6 @@ async def _generate(args, addr: str) -> dict:
 def _prompt(args, drafter) -> tuple[str, str]:
     """(what the user sees, the text the model gets): a chat pair's question goes through
     its chat template; otherwise the prompt is continued as it is."""
-    from acespec import pairs
-
     template = args.pair and (drafter.chat_template() or pairs.chat_template(args.pair))
     if not template:
         return (args.prompt or SAMPLE), (args.prompt or SAMPLE)

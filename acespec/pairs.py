@@ -16,6 +16,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from acespec.models import DEMO_DIR, DEMO_DRAFTER, DEMO_TARGET
+from acespec.models.smollm2 import ensure_gguf, ensure_target
+
 NAMES = ("demo", "smollm2")
 # SmolLM2's answers end with <|im_end|> (its EOS); the chat prompt a demo shows.
 CHAT_SAMPLE = "Write a Python function that checks whether a number is prime."
@@ -30,20 +33,14 @@ def _note(msg: str) -> None:
 
 
 def distilled_drafter() -> Path:
-    from acespec.models import DEMO_DIR
-
     return DEMO_DIR.parent / "smollm2" / "drafter-q8_0.gguf"
 
 
 def target(name: str) -> Path:
     """The pair's target checkpoint folder (SmolLM2: fetched and converted if not cached)."""
     if name == "demo":
-        from acespec.models import DEMO_TARGET
-
         return DEMO_TARGET
     if name == "smollm2":
-        from acespec.models.smollm2 import ensure_target
-
         path = ensure_target()
         _note(f"smollm2 target: {path}")
         return path
@@ -53,15 +50,11 @@ def target(name: str) -> Path:
 def drafter(name: str) -> Path:
     """The pair's drafter GGUF (SmolLM2: the distilled drafter if shipped, else the Q4_1)."""
     if name == "demo":
-        from acespec.models import DEMO_DRAFTER
-
         return DEMO_DRAFTER
     if name == "smollm2":
         if distilled_drafter().is_file():
             _note(f"smollm2 drafter: the distilled drafter {distilled_drafter()}")
             return distilled_drafter()
-        from acespec.models.smollm2 import ensure_gguf
-
         path = ensure_gguf()
         _note(f"smollm2 drafter: the target's own Q4_1 GGUF {path} (no distilled drafter "
               "shipped yet)")
@@ -73,8 +66,8 @@ def chat_template(name: str) -> str | None:
     """The pair's chat template (Jinja), read from the model's GGUF; None for `demo`."""
     if name != "smollm2":
         return None
+    # lazy: the cloud resolves its side of a pair without the edge's modules
     from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
-    from acespec.models.smollm2 import ensure_gguf
 
     gguf = LlamaDrafter(str(ensure_gguf()), LlamaDrafterConfig(n_ctx=16, n_seq_max=1))
     try:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 import sys
 
+from acespec.argtypes import OneLineErrors, dispatch
+from acespec.cloud.cli import add_parser
+
 
 def main(argv: list[str] | None = None) -> int:
-    from acespec.argtypes import OneLineErrors, dispatch
-    from acespec.cloud.cli import add_parser
-
     parser = OneLineErrors(prog="acespec")
     add_parser(parser.add_subparsers(dest="cmd", required=True))
     args = parser.parse_args(["cloud", *(sys.argv[1:] if argv is None else argv)])

@@ -1,13 +1,17 @@
-"""`acespec cloud ...` argument parsing (imports the server lazily)."""
+"""`acespec cloud ...` argument parsing; `serve` and `profile` run in acespec.cloud.commands,
+imported when one runs (it needs torch, and `acespec --help` does not)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import sys
-from pathlib import Path
 
 from acespec import pairs
 from acespec.argtypes import number
+from acespec.cloud.serving.nginx import nginx_config
+from acespec.shared.tokenizer import ModelFileError
 
 
 def add_parser(sub) -> None:
@@ -118,8 +122,7 @@ def add_parser(sub) -> None:
     ng.add_argument("replicas", nargs="+", metavar="HOST:PORT")
     ng.add_argument("--listen", default="0.0.0.0:50051")
     ng.add_argument("--prefix", default="/var/lib/acespec-nginx", help="pid/log/temp folder")
-    ng.set_defaults(func=lambda a: print(__import__("acespec.cloud.serving.nginx", fromlist=["x"])
-                                         .nginx_config(a.replicas, a.listen, a.prefix)) or 0)
+    ng.set_defaults(func=run_nginx_config)
 
 
 def _target_flags(p) -> None:
@@ -137,36 +140,6 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of "
                                          "positive integers")
     return values
-
-
-def run_profile(args) -> int:
-    import json
-
-    from acespec.cloud.target import profile
-    from acespec.cloud.target.config import ModelArgs
-    from acespec.cloud.target.sharding import check_tp
-
-    try:
-        pairs.apply(args)
-        if args.random:
-            if args.random not in profile.SHAPES:
-                raise ValueError(f"--random {args.random!r}: shapes are "
-                                 f"{', '.join(sorted(profile.SHAPES))}")
-            if args.tp != [1]:
-                raise ValueError("--random runs on one device: give --tp 1 (the ranks of a "
-                                 "group load their shards from a checkpoint)")
-        else:
-            path = args.model or _demo_target()
-            for tp in args.tp:
-                check_tp(ModelArgs.from_dir(path), tp, where=Path(path).name)
-        rows = profile.run(args.model or _demo_target(), args.random, args.tp, args.nodes,
-                           args.context, args.repeats, args.dtype, args.device, args.threads,
-                           args.linear)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        print(f"acespec cloud profile: error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(profile.as_dicts(rows), indent=2) if args.json else profile.markdown(rows))
-    return 0
 
 
 def _linear_flag(p: argparse.ArgumentParser) -> None:
@@ -187,95 +160,14 @@ def port_number(text: str) -> int:
     return port
 
 
-def _tokens(path: str | None) -> frozenset[str]:
-    if not path:
-        return frozenset()
-    tokens = frozenset(t.strip() for t in Path(path).read_text().splitlines() if t.strip())
-    if not tokens:
-        raise ValueError(f"{path} holds no tokens")
-    return tokens
-
-
 def run_serve(args) -> int:
-    import asyncio
+    from acespec.cloud import commands  # lazy: torch, loaded only when a command runs
 
-    from acespec.cloud.serving.server import ServeFailed, ServerConfig, serve
-    from acespec.cloud.verify.batcher import StepEmulation
-    from acespec.cloud.verify.engine import Limits
-    from acespec.cloud.verify.gap import DraftEmulation
-
-    topo = None
-    try:
-        pairs.apply(args)
-        topo = _check_tp(args)
-        if topo is not None and topo.rank != 0:
-            from acespec.cloud.target.tp_launch import serve_rank
-
-            return serve_rank(args.model or _demo_target(), args.dtype,
-                              topo.device(args.device), args.threads, topo, args.linear)
-        cfg = ServerConfig(
-            model=args.model, host=args.host, port=args.port, dtype=args.dtype,
-            device=args.device, threads=args.threads, linear=args.linear,
-            idle_timeout_s=args.idle_timeout,
-            write_timeout_s=args.write_timeout,
-            limits=Limits(max_sessions=args.max_sessions, max_live_nodes=args.max_live_nodes,
-                          max_prompt_tokens=args.max_prompt_tokens, propose=args.propose),
-            auth_tokens=_tokens(args.auth_token_file), tls_cert=args.tls_cert,
-            tls_key=args.tls_key, metrics_port=args.metrics_port,
-            emulation=StepEmulation.parse(args.emulate_step_ms), grace_s=args.grace,
-            kernels=args.kernels, tp=topo.world if topo else 1, gap_drafter=args.gap_drafter,
-            cloud_draft=DraftEmulation.parse(args.emulate_cloud_draft_ms),
-            tp_heartbeat_s=args.tp_heartbeat_timeout)
-        asyncio.run(serve(cfg))
-    except (ValueError, FileNotFoundError, OSError) as e:
-        print(f"acespec cloud serve: error: {e}", file=sys.stderr)
-        if topo is not None and _in_group():
-            from acespec.cloud.target.tp_launch import exit_in_group
-
-            exit_in_group(2)
-        return 2
-    except ServeFailed as e:
-        print(f"acespec cloud serve: error: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _in_group() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
-
-
-def _demo_target() -> str:
-    from acespec.models import DEMO_TARGET
-
-    return str(DEMO_TARGET)
-
-
-def _check_tp(args):
-    """This process's tensor-parallel topology (None: one device), after the checks that
-    need no other rank: ValueError (one line) on a bad --tp."""
-    from acespec.cloud.target.tp_launch import topology
-
-    topo = topology(args.tp)
-    if topo is None:
-        return None
-    from acespec.cloud.target.config import ModelArgs
-    from acespec.cloud.target.sharding import check_tp
-    from acespec.cloud.target.tp_launch import check_kernels
-
-    check_kernels(args.kernels, topo.world)  # every rank, before any waits for the others
-
-    path = args.model or _demo_target()
-    check_tp(ModelArgs.from_dir(path), topo.world, where=Path(path).name)
-    return topo
+    return commands.run_serve(args)
 
 
 def run_loadtest(args) -> int:
-    import asyncio
-    import json
-
-    from acespec.shared.tokenizer import ModelFileError
+    # lazy: torch, and the edge's client that drives the verifier (the cloud imports none)
     from acespec.sim.loadtest import markdown, run_scenarios
 
     try:
@@ -295,3 +187,14 @@ def run_loadtest(args) -> int:
     print(json.dumps(rows, indent=2) if args.json else markdown(rows))
     bad = [r for r in rows if r["correct"] not in ("n/a", f"{r['sessions']}/{r['sessions']}")]
     return 1 if bad else 0
+
+
+def run_profile(args) -> int:
+    from acespec.cloud import commands  # lazy: as run_serve's
+
+    return commands.run_profile(args)
+
+
+def run_nginx_config(args) -> int:
+    print(nginx_config(args.replicas, args.listen, args.prefix))
+    return 0

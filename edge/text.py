@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from acespec.shared.tokenizer import Tokenizer, vocab_hash
+
 
 @dataclass
 class TextCodec:
@@ -57,8 +59,6 @@ class TextCodec:
 
     @classmethod
     def from_drafter(cls, drafter) -> TextCodec:
-        from acespec.shared.tokenizer import vocab_hash
-
         table = drafter.token_table()
         # control tokens are the ones with a name but no bytes (llama.cpp renders them empty)
         specials = {t: i for i, t in enumerate(table)
@@ -69,8 +69,6 @@ class TextCodec:
     @classmethod
     def from_tokenizer(cls, path: str | Path) -> TextCodec:
         """A tokenizer.json (byte-level BPE pieces are mapped back to their exact bytes)."""
-        from acespec.shared.tokenizer import Tokenizer
-
         tok = Tokenizer.load(path)
         table = tok.id_to_token_table()
         specials = {tok.bos_id, tok.eos_id}

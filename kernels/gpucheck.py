@@ -18,6 +18,10 @@ import sys
 import time
 from functools import partial
 
+from acespec.procs import SAFE_PATH_VAR, python_module
+from acespec.shared.config import SamplingParams
+from acespec.shared.served import ServeParams
+
 
 def _time_ms(fn, reps: int = 20) -> float:
     import torch
@@ -36,6 +40,7 @@ def check_attention(device: str, shapes, tol: float = 3e-2) -> list[dict]:
     Triton kernel, SDPA with an explicit mask and the reference."""
     import torch
 
+    # lazy: --cpu-smoke sets TRITON_INTERPRET in main, before the kernels are jitted
     from acespec.kernels.tree_attention import (
         random_batch,
         sdpa_with_mask,
@@ -65,9 +70,7 @@ def check_encoder(device: str, vocab: int, node_counts) -> list[dict]:
     import numpy as np
     import torch
 
-    from acespec.kernels.served_encoder import encode, encode_ref
-    from acespec.shared.config import SamplingParams
-    from acespec.shared.served import ServeParams
+    from acespec.kernels.served_encoder import encode, encode_ref  # lazy: as check_attention's
 
     p = ServeParams(SamplingParams(temperature=0.8, top_k=50, top_p=0.95), k_max=64,
                     send_mass=0.9, tail_samples=2)
@@ -101,8 +104,6 @@ def markdown(rows: list[dict]) -> str:
 def run_tests() -> int:
     """The kernel test files, natively on the GPU (no interpreter)."""
     import subprocess
-
-    from acespec.procs import SAFE_PATH_VAR, python_module
 
     # The tests run from the repository root: keep it off sys.path (docs/design.md §2).
     env = dict(os.environ, ACESPEC_TRITON_GPU="1", **{SAFE_PATH_VAR: "1"})

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
     """Per (link, mode): throughput, latency, acceptance, bytes, passes, ideal-bound ratio
     and speedups over ar and sd measured in the same run."""
-    from acespec.cloud.verify.batcher import StepEmulation
+    from acespec.cloud.verify.batcher import StepEmulation  # lazy: the batcher imports torch
 
     emu = StepEmulation.parse(cfg.emulate)
     step_s = emu.seconds(cfg.depth + 1) or None

@@ -15,6 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
+from acespec.models import DEMO_TARGET
+from acespec.shared.config import SamplingParams
+from acespec.shared.sampling import PositionalRng
+from acespec.sim.bench import BenchConfig, load_prompts, parse_links, run_bench
 from acespec.sim.des_scenario import ModelCosts
 
 
@@ -38,10 +43,10 @@ def lookup_acceptance(per_lone: float, k: int) -> float:
 def time_target(model_dir: str, emulate: str, sizes=(1, 4, 8, 16, 32)) -> tuple[float, float]:
     """(base s, per-node s) of one verifier pass: the real forward of n chain nodes after a
     64-token prefix, plus the emulated step, fitted by least squares."""
+    # lazy: torch, imported when the target is timed (`acespec bench` runs without it)
     from acespec.cloud.target.loader import load_model, set_threads
     from acespec.cloud.target.packed import select_linear
     from acespec.cloud.verify.batcher import StepEmulation
-    from acespec.models import DEMO_TARGET
 
     model = load_model(model_dir or DEMO_TARGET)
     set_threads(model, 0)
@@ -64,10 +69,6 @@ def time_target(model_dir: str, emulate: str, sizes=(1, 4, 8, 16, 32)) -> tuple[
 
 def time_drafter(drafter_path: str, tokens: int = 32) -> float:
     """Median seconds per drafted token (greedy, one sequence)."""
-    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
-    from acespec.shared.config import SamplingParams
-    from acespec.shared.sampling import PositionalRng
-
     d = LlamaDrafter(drafter_path, LlamaDrafterConfig(n_seq_max=1))
     prompt = list(range(10, 74))
     runs = []
@@ -103,11 +104,9 @@ def fit_bytes(records: list[dict]) -> dict:
 
 def calibrate(model_dir: str, drafter_path: str, emulate: str = "40,0.5",
               per_category: int = 2, max_tokens: int = 48) -> dict:
-    """Every cost of acespec.sim.des.ModelCosts, plus the measured acceptance, hit rate and the
+    """Every cost of acespec.sim.des_scenario.ModelCosts, plus the measured acceptance, hit rate and the
     verifier's prompt-lookup proposals (tokens per lone pass, and the per-position
     acceptance that gives them with the bench's --propose)."""
-    from acespec.sim.bench import BenchConfig, load_prompts, parse_links, run_bench
-
     prompts = load_prompts(None, per_category)
     records = []
     for depth in (2, 8):

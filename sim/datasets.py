@@ -8,6 +8,9 @@
 
 from __future__ import annotations
 
+from acespec.models import sharegpt
+from acespec.pairs import render_chat
+
 DATASETS = ("shipped", "sharegpt")
 
 
@@ -16,9 +19,6 @@ def sharegpt_prompts(template: str | None, split: str = "eval", per_category: in
     """[{id, category, prompt, user}] from ShareGPT `split`: up to `per_category` English
     first turns of at most max_chars per category, in file order, each rendered with
     `template` (a chat template is needed: these are chat prompts)."""
-    from acespec.models import sharegpt
-    from acespec.pairs import render_chat
-
     if not template:
         raise ValueError("--dataset sharegpt needs a chat template: use --pair smollm2 or a "
                          "drafter GGUF that carries one")

@@ -16,9 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from acespec.cloud.serving.server import ServerConfig, create_server, load_engine
+from acespec.cloud.verify.batcher import StepEmulation
 from acespec.edge.client import CloudSession, channel, generate
+from acespec.models import DEMO_TARGET
 from acespec.shared.config import SamplingParams
 from acespec.shared.served import ServeParams
+from acespec.shared.tokenizer import Tokenizer
 from acespec.sim.proxy import CountingProxy
 
 
@@ -110,11 +114,6 @@ PROMPTS = ["import os\nimport sys\n", "def main(argv):\n", "class Config:\n    d
 async def run_scenarios(model_dir: str, rounds: int, depth: int, scenarios=SCENARIOS,
                         emulate: str | None = None) -> list[dict]:
     """Start a verifier on loopback and run each (mode, sessions) scenario against it."""
-    from acespec.cloud.serving.server import ServerConfig, create_server, load_engine
-    from acespec.cloud.verify.batcher import StepEmulation
-    from acespec.models import DEMO_TARGET
-    from acespec.shared.tokenizer import Tokenizer
-
     cfg = ServerConfig(model=model_dir, host="127.0.0.1", port=0,
                        emulation=StepEmulation.parse(emulate))
     engine = load_engine(cfg)

@@ -7,7 +7,11 @@ from __future__ import annotations
 import contextlib
 import time
 
+from acespec.edge.client import channel
+from acespec.edge.shown import SpanMirror
+from acespec.sim.proxy import ProxyThread
 from acespec.sim.stages import LinkSpec
+from acespec.sim.trace import read_trace
 
 
 @contextlib.asynccontextmanager
@@ -18,9 +22,6 @@ async def links(seed: int, host: str, port: int, spec: LinkSpec):
     outages) is a fresh one per run, its clock started at `phase` (0..1) of the link's
     cycle: run i of n starts i/n into it, so every mode meets the same conditions on the
     same prompt and the prompts together cover the whole cycle."""
-    from acespec.edge.client import channel
-    from acespec.sim.proxy import ProxyThread
-
     async def open_(clock_s: float):
         # The link runs on its own loop: the edge's drafting must not hold its packets back.
         proxy = ProxyThread(host, port, spec=spec, seed=seed, clock_s=clock_s)
@@ -58,8 +59,6 @@ def link_cycle_s(spec: LinkSpec) -> float | None:
     """Seconds of a link that changes in time: its trace's length, else up to 5 s after its
     last outage; None for a fixed link."""
     if spec.trace:
-        from acespec.sim.trace import read_trace
-
         return float(read_trace(spec.trace).times[-1])
     if spec.outages:
         return max(start + length for start, length in spec.outages) + 5.0
@@ -72,8 +71,6 @@ class Screen:
     new. The longest gap counts only while the screen is short of the whole answer."""
 
     def __init__(self, max_tokens: int):
-        from acespec.edge.shown import SpanMirror
-
         self.max_tokens, self.mirror = max_tokens, SpanMirror()
         self.n_verified = 0
         self.stamps: list[float] = []  # perf_counter of each appearance

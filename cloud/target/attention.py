@@ -60,6 +60,7 @@ class TreeBatch:
 
     @classmethod
     def build(cls, reqs, plans, args) -> TreeBatch:
+        # lazy: the kernels module imports triton (optional) and jits its kernels on import
         from acespec.kernels.tree_attention import tree_masks
 
         caches = [r.cache for r in reqs]
@@ -92,7 +93,7 @@ class TreeBatch:
 
     def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q [N, H, D] -> attention output [N, H, D]."""
-        from acespec.kernels.tree_attention import tree_attention
+        from acespec.kernels.tree_attention import tree_attention  # lazy: as build's
 
         with self.pool.lock:
             return tree_attention(q.contiguous(), self.pool.k[layer], self.pool.v[layer],

@@ -11,7 +11,8 @@ from safetensors import SafetensorError
 
 from acespec.cloud.target.config import ModelArgs
 from acespec.cloud.target.model import Transformer
-from acespec.shared.tokenizer import ModelFileError, first_line, read_json_object
+from acespec.cloud.target.sharding import read_shard, shard_args
+from acespec.shared.tokenizer import ModelFileError, Tokenizer, first_line, read_json_object
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -65,8 +66,6 @@ def check_checkpoint(path: str | Path) -> None:
     folder whose config.json, safetensors headers and tokenizer.json read: what a command
     that hands the folder to a child process checks first, so a bad file is its one-line
     error and not the child's. Reads no weights."""
-    from acespec.shared.tokenizer import Tokenizer
-
     path = Path(path)
     ModelArgs.from_dir(path)
     for f in checkpoint_files(path):
@@ -79,8 +78,6 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "float32",
                ) -> Transformer:
     """Build the model described by `path/config.json` and load its safetensors weights;
     with world > 1, only tensor-parallel rank `rank`'s shard (acespec.cloud.target.sharding)."""
-    from acespec.cloud.target.sharding import read_shard, shard_args
-
     path = Path(path)
     full = ModelArgs.from_dir(path)
     args = shard_args(full, world)

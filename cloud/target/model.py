@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from acespec.cloud.target.attention import TreeBatch
 from acespec.cloud.target.config import ModelArgs
 from acespec.cloud.target.kv_cache import KVCache, PagePool, SeqPass
 
@@ -259,8 +260,6 @@ class Transformer(nn.Module):
             [r.cache.seq_pass(p, len(r.tokens), r.last_only) for r, p in zip(reqs, plans)])
         tree = None
         if self.kernels == "triton":
-            from acespec.cloud.target.attention import TreeBatch
-
             tree = TreeBatch.build(reqs, plans, self.args)
         if self.tp is None:
             x = self.hidden(step, tree)

