@@ -99,17 +99,36 @@ class DecidedStreams:
         try:
             if session.done and opened is not None:
                 await self.write(context, opened)  # the first token was the last
+            pending = None  # the last pass's Decided, sent while the next pass runs
             while not session.done:
                 if self._apply_uplink(session, inbox):  # the edge has what it needs
+                    if pending is not None:
+                        await send(pending)
                     await send(self._decided(session, session.end, [], last=True))
                     return
-                start, new = await self.engine.decided_pass(session)
-                msg = self._decided(session, start, new)
-                _ack(msg, session)
-                await send(msg)
+                start, new = await self._pass_while_sending(session, send, pending)
+                pending = self._decided(session, start, new)
+                _ack(pending, session)
+            if pending is not None:
+                await send(pending)
             await self._until_half_close(inbox)
         finally:
             reader.cancel()
+
+    async def _pass_while_sending(self, session: DecidedSession, send, pending
+                                  ) -> tuple[int, list[int]]:
+        """The session's next pass, queued before the last pass's Decided is written: a
+        write waits for the event loop and the client's flow control, and a session that
+        waited for it would come back too late for the pass after the one it was in (with
+        many sessions, half of them would then take every other pass)."""
+        step = asyncio.ensure_future(self.engine.decided_pass(session))
+        try:
+            if pending is not None:
+                await send(pending)
+            return await step
+        except BaseException:
+            step.cancel()
+            raise
 
     @staticmethod
     async def _until_half_close(inbox: asyncio.Queue, linger_s: float = 10.0) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -65,9 +66,11 @@ PREFILL_SLACK = 0.25  # a prefill chunk may make a pass with other sessions this
 PREFILL_MIN = 16  # ... but always carries this many prompt tokens
 PREFILL_ALONE_S = 0.25  # with no other session decoding, a prefill pass's most seconds
 RECENT_S = 1.0  # a sequence scored this recently counts as decoding: a prefill yields to it
-GATHER_S = 0.01  # after a pass, wait up to this long for the sequences that come straight
-# back (a decided session's next pass: their measured gap is below it), so the next pass
-# holds them too instead of running without them and making them wait a whole pass
+GATHER_S = 0.01  # after a pass, wait for the sequences that come straight back (a decided
+# session's next pass) up to this long, or GATHER_SHARE of the pass if that is longer, so
+# the next pass holds them too instead of running without them and making them wait a whole
+# pass: the sessions that were in a pass must not split into cohorts that take turns
+GATHER_SHARE = 0.5
 GAP_DECAY = 0.8  # per request: a sequence's gap between its result and its next request
 SHARING_DECAY = 0.9  # per pass: the sessions sharing the device, over the last ~10 passes
 
@@ -160,18 +163,20 @@ class Batcher:
             if not plan:
                 self._wake.clear()
                 continue
+            t0 = time.perf_counter()
             await loop.run_in_executor(self._pool, self._run, plan)
-            back = self._settle(plan)
+            wait_s = max(GATHER_S, GATHER_SHARE * (time.perf_counter() - t0))
+            back = self._settle(plan, wait_s)
             # Drop the requests now, not when the next one arrives: each holds its KV cache,
             # whose blocks go back to the pool (which may then shrink) only once unreferenced.
             plan = None
-            await self._gather(back)
+            await self._gather(back, wait_s)
             back = None  # nor hold the sequences while idle
 
-    async def _gather(self, back: set[KVCache]) -> None:
-        """Wait (up to GATHER_S) until the sequences in `back` have queued again."""
+    async def _gather(self, back: set[KVCache], wait_s: float) -> None:
+        """Wait (up to wait_s) until the sequences in `back` have queued again."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + GATHER_S
+        deadline = loop.time() + wait_s
         while back - {j.key for j in self._jobs}:
             left = deadline - loop.time()
             if left <= 0:
@@ -254,9 +259,10 @@ class Batcher:
             if job.start >= 0 and job.left:
                 job.req.cache.truncate(job.start)
 
-    def _settle(self, plan: list[tuple[Job, Request | BaseException]]) -> set[KVCache]:
+    def _settle(self, plan: list[tuple[Job, Request | BaseException]], wait_s: float
+                ) -> set[KVCache]:
         """After a pass: finished (or failed) requests get their logits (or error).
-        Returns the sequences expected straight back (their gap is below GATHER_S)."""
+        Returns the sequences expected straight back (their gap is below wait_s)."""
         now, back = time.perf_counter(), set()
         for job, out in plan:
             if not job.prefill:
@@ -268,7 +274,7 @@ class Batcher:
             elif job.left == 0:
                 self._finish(job, out if len(job.rows) == 1 else torch.cat(job.rows))
                 self._resolved[job.key] = now
-                if self._gap.get(job.key, GATHER_S) < GATHER_S:
+                if self._gap.get(job.key, math.inf) < wait_s:
                     back.add(job.key)
         return back
 

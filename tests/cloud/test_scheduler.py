@@ -18,6 +18,7 @@ from acespec.cloud.verify.batcher import (  # noqa: E402
     PREFILL_MIN,
     PREFILL_SLACK,
     Batcher,
+    StepEmulation,
 )  # noqa: E402
 from acespec.cloud.verify.decided import ROOT, DecidedSession, DecideLimits  # noqa: E402
 from acespec.cloud.verify.share import FLOOR, Share  # noqa: E402
@@ -167,6 +168,34 @@ def test_a_prompt_does_not_yield_to_a_finished_session(tiny_pair):
 
     assert len(run(go(forget=False))) > 1  # beside a recent decode: chunked
     assert run(go(forget=True)) == [len(prompt)]  # alone: one pass
+
+
+def test_a_busy_verifier_puts_every_session_in_every_pass(tiny_pair):
+    """24 sessions decoding pass after pass, the i-th coming back i x 1.5 ms after its
+    result (a busy verifier's sessions wait their turn for the event loop and their
+    writes): the last 35 ms after the pass, well past GATHER_S. The pass after waits for
+    them (up to half a pass of 80 ms), so they do not split into cohorts that take every
+    other pass: nearly every pass holds every session."""
+    _, model, _ = tiny_pair
+    n, passes = 24, 12
+
+    async def session(b, cache, turnaround_s):
+        await b.score(Request([1, 2, 3], cache, None, last_only=True))
+        for _ in range(passes):
+            await b.score(Request([5], cache))
+            await asyncio.sleep(turnaround_s)
+
+    async def go():
+        b = Batcher(model, emulation=StepEmulation(80.0))
+        stats = []
+        b.on_pass = stats.append
+        await asyncio.gather(*(session(b, model.new_cache(), i * 0.0015) for i in range(n)))
+        await b.close()
+        return stats
+
+    decode = [s.sessions for s in run(go()) if not s.prefill]
+    assert sum(decode) == n * passes
+    assert sum(decode) / len(decode) >= 0.9 * n, decode
 
 
 def test_a_tree_request_scored_by_its_grant_equals_it_scored_whole(tiny_pair):
