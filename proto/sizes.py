@@ -72,3 +72,17 @@ def grow_bytes(nodes: int, branches: int = 0) -> int:
     included."""
     extra = UP_BRANCH_FIELDS + branches * UP_BRANCH_NODE if branches else 0
     return FRAMING + UP_MESSAGE + nodes * UP_NODE + extra
+
+
+NAIVE_PROB_BYTES = 2  # a probability as float16
+NAIVE_TOKEN_BYTES = 4  # a token id as int32
+
+
+def naive_bytes(drafted: int, passes: int, vocab: int) -> tuple[int, int]:
+    """(uplink, downlink) bytes a naive protocol sends for a session that drafted `drafted`
+    tokens and took `passes` verifier passes: each draft goes up as its id and the drafter's
+    distribution over the vocabulary, and each scored node (every draft, and the decided
+    end of every pass) comes down as the target's distribution over the vocabulary, dense,
+    float16. Framing is left out, which flatters it."""
+    dense = vocab * NAIVE_PROB_BYTES
+    return drafted * (NAIVE_TOKEN_BYTES + dense), (drafted + passes) * dense

@@ -25,6 +25,7 @@ from acespec.edge.session import EdgeEngine, EngineConfig, Stats
 from acespec.edge.session.config import MAX_DEPTH, MAX_WINDOW
 from acespec.edge.text import TextCodec
 from acespec.procs import free_port, python_module, wait_port
+from acespec.proto.sizes import naive_bytes
 from acespec.shared import modes
 from acespec.shared.config import SamplingParams
 from acespec.shared.served import ServeParams
@@ -358,7 +359,8 @@ async def _bench_link(cfg, label, spec, host, port, proxy_spec, drafter, codec, 
                                       owns_channels=False)
                     rec = await _run_one(edge, ecfg, codec.encode(p["prompt"]), proxy, busy)
                 rec = {**_record(label, spec, mode, p, rec.pop("stats"), rec.pop("stamps"),
-                                 rec.pop("t0"), rec.pop("up"), rec.pop("down")), **rec}
+                                 rec.pop("t0"), rec.pop("up"), rec.pop("down"),
+                                 drafter.vocab_size), **rec}
                 state["records"].append(rec)
                 state["done"] += 1
                 if progress:
@@ -385,9 +387,11 @@ async def _run_one(edge, ecfg, prompt: list[int], proxy, busy) -> dict:
             "longest_gap_s": screen.longest_gap(), "error": error}
 
 
-def _record(label, spec, mode, p, stats, stamps, t0, up, down) -> dict:
+def _record(label, spec, mode, p, stats, stamps, t0, up, down, vocab: int) -> dict:
     gaps = np.diff(stamps) * 1000 if len(stamps) > 1 else np.zeros(1)
     n = max(stats.tokens, 1)
+    naive_up, naive_down = naive_bytes(stats.drafted, stats.passes, vocab) \
+        if modes.mode(mode).edge_drafts else (None, None)  # naive: edge-cloud speculation
     return {"link": label, "up_bps": spec.up_bps, "rtt_ms": spec.rtt_s * 1000, "mode": mode,
             "category": p["category"], "prompt": p["id"], **{
                 k: v for k, v in stats.as_dict().items() if k not in ("wire_bytes_up",
@@ -395,6 +399,7 @@ def _record(label, spec, mode, p, stats, stamps, t0, up, down) -> dict:
             "wire_bytes_up": up, "wire_bytes_down": down,
             "wire_bytes_up_per_token": round(up / n, 2),
             "wire_bytes_down_per_token": round(down / n, 2),
+            "naive_bytes_up": naive_up, "naive_bytes_down": naive_down,
             "ttft_s": round(stamps[0] - t0, 4) if stamps else None,
             "from_edge_drafts": stats.accepted,
             "itl_p50_ms": round(float(np.percentile(gaps, 50)), 2),

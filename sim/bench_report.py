@@ -40,6 +40,7 @@ def summarize(records: list[dict], cfg: BenchConfig) -> list[dict]:
                                         max(1, sum(r["cache_rejections"] for r in rs)), 3),
                 "wire_bytes_up_per_token": round(sum(r["wire_bytes_up"] for r in rs) / tok, 2),
                 "wire_bytes_down_per_token": round(sum(r["wire_bytes_down"] for r in rs) / tok, 2),
+                **_naive(rs, tok),
                 "up_messages_per_token": round(sum(r.get("messages_up", 0) for r in rs) / tok, 3),
                 "passes_per_token": round(sum(r["passes"] for r in rs) / tok, 3),
                 **_seen(rs, tok), **_verifier_cost(rs, tok), **_idle(rs), **_same_as_ar(records, rs),
@@ -73,6 +74,17 @@ def _verifier_cost(rs: list[dict], tok: int) -> dict:
             "tokens_from_edge_drafts": edge,
             "tokens_from_proposals": sum(r.get("proposed_accepted") or 0 for r in rs),
             "tokens_from_lone_passes": lone}
+
+
+def _naive(rs: list[dict], tok: int) -> dict:
+    """Bytes per token a naive protocol would have sent for the same sessions (dense
+    distributions both ways: acespec.proto.sizes.naive_bytes); None where the edge drafts
+    nothing."""
+    out = {}
+    for way in ("up", "down"):
+        sent = [r.get(f"naive_bytes_{way}") for r in rs]
+        out[f"naive_bytes_{way}_per_token"] = None if None in sent else round(sum(sent) / tok, 1)
+    return out
 
 
 def _seen(rs: list[dict], tok: int) -> dict:

@@ -112,3 +112,12 @@ def test_sampled_scores_node_of_a_peaked_distribution():
     per_node = (encode_scores(nodes, False).ByteSize()
                 - encode_scores(nodes[:1], False).ByteSize()) / (n - 1)
     assert abs(per_node - DOWN_NODE_SAMPLED) <= 3
+
+
+def test_the_naive_protocol_sends_dense_distributions_both_ways():
+    """A draft goes up with its id and the drafter's distribution; every scored node (each
+    draft and each pass's decided end) comes down as the target's, float16 over the vocab."""
+    from acespec.proto.sizes import naive_bytes
+
+    assert naive_bytes(drafted=10, passes=4, vocab=1000) == (10 * (4 + 2000), 14 * 2000)
+    assert naive_bytes(drafted=0, passes=64, vocab=49152) == (0, 64 * 98304)  # ar's passes

@@ -16,7 +16,8 @@ from acespec.sim.bench_report import by_category, plot, summarize  # noqa: E402
 
 KEYS = ("tokens_per_s", "ttft_s", "itl_p50_ms", "itl_p99_ms", "mean_acceptance_length",
         "cache_hit_rate", "wire_bytes_up_per_token", "wire_bytes_down_per_token",
-        "passes_per_token", "speedup_vs_ar", "speedup_vs_sd", "ratio_to_ideal")
+        "passes_per_token", "speedup_vs_ar", "speedup_vs_sd", "ratio_to_ideal",
+        "naive_bytes_up_per_token", "naive_bytes_down_per_token")
 
 
 def test_shipped_prompt_set_has_five_categories_of_ten():
@@ -40,6 +41,9 @@ def test_bench_runs_every_mode_side_by_side(tiny_pair, tiny_hf_dir, tmp_path):
         for k in KEYS:
             assert k in row, k
         assert row["wire_bytes_up_per_token"] > 0 and row["tokens"] == 8 * len(prompts)
+        if row["mode"] != "ar":  # dense distributions cost far more than what is sent
+            assert row["naive_bytes_down_per_token"] > 10 * row["wire_bytes_down_per_token"]
+            assert row["naive_bytes_up_per_token"] > 10 * row["wire_bytes_up_per_token"]
     files = plot(summary, by_category(records), tmp_path / "plots")
     assert all(f.stat().st_size > 1000 for f in files)
 
