@@ -4,19 +4,17 @@ imported when one runs (it needs torch, and `acespec --help` does not)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 
 from acespec import pairs
-from acespec.argtypes import number
+from acespec.argtypes import command, command_group, number
 from acespec.cloud.serving.nginx import nginx_config
 from acespec.shared.tokenizer import ModelFileError
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("cloud", help="the cloud verifier (gRPC)")
-    csub = p.add_subparsers(dest="cloud_cmd", required=True, metavar="COMMAND")
+    csub = command_group(sub, "cloud", "the cloud verifier (gRPC)")
     s = csub.add_parser(
         "serve", help="serve a target model as a gRPC verifier",
         description="Load a Hugging Face checkpoint (Llama/Qwen2/Qwen3) and serve the AceSpec "
@@ -75,11 +73,12 @@ def add_parser(sub) -> None:
     s.add_argument("--metrics-port", type=port_number,
                    help="serve Prometheus metrics on this port (bound to --host)")
     s.add_argument("--emulate-step-ms", metavar="T0[,PER_NODE[,KNEE]]",
-                   help="TESTBED: add T0 ms (+ PER_NODE ms per node, or per node beyond KNEE "
-                   "nodes: a GPU-like roofline, flat up to the knee) to every pass of the "
-                   "target, to emulate a big model's step time on a small target")
+                   help="TESTBED: every pass of the target lasts T0 ms (+ PER_NODE ms per "
+                   "node, or per node beyond KNEE nodes: a GPU-like roofline, flat up to the "
+                   "knee), the small target's real compute inside it, to emulate a big "
+                   "model's step time on its device")
     s.add_argument("--grace", type=float, default=10.0, help="shutdown drain seconds")
-    s.set_defaults(func=run_serve)
+    s.set_defaults(func=command(_commands, "run_serve"))
     lt = csub.add_parser(
         "loadtest", help="measure a verifier on loopback: nodes/s, latency, wire bytes",
         description="Start a verifier on loopback and run concurrent greedy and sampled "
@@ -115,7 +114,7 @@ def add_parser(sub) -> None:
     pr.add_argument("--threads", type=int, default=0, help="as for `serve`")
     _linear_flag(pr)
     pr.add_argument("--json", action="store_true")
-    pr.set_defaults(func=run_profile)
+    pr.set_defaults(func=command(_commands, "run_profile"))
     ng = csub.add_parser("nginx-config", help="print an nginx config balancing verifier replicas",
                          description="nginx (grpc_pass) in front of verifier replicas, with a "
                          "consistent hash on the x-acespec-session metadata so sessions stick.")
@@ -160,15 +159,16 @@ def port_number(text: str) -> int:
     return port
 
 
-def run_serve(args) -> int:
+def _commands():
+    """acespec.cloud.commands (serve, profile), imported when one runs."""
     from acespec.cloud import commands  # lazy: torch, loaded only when a command runs
 
-    return commands.run_serve(args)
+    return commands
 
 
 def run_loadtest(args) -> int:
     # lazy: torch, and the edge's client that drives the verifier (the cloud imports none)
-    from acespec.sim.loadtest import markdown, run_scenarios
+    from acespec.sim.loadtest import markdown, measure
 
     try:
         scenarios = [(m, int(n)) for m, n in (x.split(":") for x in args.sessions.split(","))]
@@ -179,20 +179,13 @@ def run_loadtest(args) -> int:
               f"sampled, got {args.sessions!r}", file=sys.stderr)
         return 2
     try:
-        rows = asyncio.run(run_scenarios(args.model, args.rounds, args.depth, scenarios,
-                                         args.emulate_step_ms))
+        rows = measure(args.model, args.rounds, args.depth, scenarios, args.emulate_step_ms)
     except ModelFileError as e:  # --model's files, at load
         print(f"acespec cloud loadtest: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(rows, indent=2) if args.json else markdown(rows))
     bad = [r for r in rows if r["correct"] not in ("n/a", f"{r['sessions']}/{r['sessions']}")]
     return 1 if bad else 0
-
-
-def run_profile(args) -> int:
-    from acespec.cloud import commands  # lazy: as run_serve's
-
-    return commands.run_profile(args)
 
 
 def run_nginx_config(args) -> int:

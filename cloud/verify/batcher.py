@@ -16,6 +16,7 @@ from weakref import WeakKeyDictionary
 
 import torch
 
+from acespec.argtypes import ms_profile
 from acespec.cloud.errors import Unavailable
 from acespec.cloud.target.kv_cache import KVCache
 from acespec.cloud.target.model import Request, Transformer
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StepEmulation:
-    """Testbed knob: add a big model's step time to every forward pass. Per node either
+    """Testbed knob: every forward pass lasts a big model's step time. Per node either
     from the first node (`T0,PER_NODE`: a CPU-like, per-node-heavy step) or beyond a knee
     (`T0,PER_NODE,KNEE`: a GPU-like roofline, flat up to KNEE nodes, then linear)."""
 
@@ -39,16 +40,10 @@ class StepEmulation:
         """'T0', 'T0,PER_NODE' or 'T0,PER_NODE,KNEE' in milliseconds (KNEE in nodes)."""
         if not text:
             return cls()
-        try:
-            parts = [float(x) for x in text.split(",")]
-        except ValueError:
-            parts = []
-        if not 1 <= len(parts) <= 3 or any(not x >= 0 for x in parts) or \
-                (len(parts) == 3 and parts[2] != int(parts[2])):
-            raise ValueError(f"--emulate-step-ms wants T0[,PER_NODE[,KNEE]] >= 0 (KNEE a "
-                             f"whole number of nodes), got {text!r}")
-        parts += [0.0] * (3 - len(parts))
-        return cls(parts[0], parts[1], int(parts[2]))
+        base, per_node, knee = ms_profile(
+            text, "T0[,PER_NODE[,KNEE]] >= 0 (KNEE a whole number of nodes)", 3,
+            flag="--emulate-step-ms", whole_third=True)
+        return cls(base, per_node, int(knee))
 
     def seconds(self, n_nodes: int) -> float:
         return (self.base_ms + self.per_node_ms * max(0, n_nodes - self.knee)) / 1000
@@ -303,9 +298,12 @@ class Batcher:
                     results.append(self.model.forward_batch([c])[0])
                 except Exception as e:  # noqa: BLE001 - delivered to that request only
                     results.append(e)
-        delay = self.emulation.seconds(nodes)
-        if delay:  # on top of the real compute, as a big model's step would be
-            time.sleep(delay)
+        # The emulated step is the pass's duration: the real compute (a small target on
+        # this machine) runs inside it, as a big model's pass on its device would last the
+        # step whatever else the host does; a pass whose real compute is longer keeps it.
+        left = self.emulation.seconds(nodes) - (time.perf_counter() - t0)
+        if left > 0:
+            time.sleep(left)
         seconds = time.perf_counter() - t0
         self.passes += 1
         self.busy_s += seconds
