@@ -15,10 +15,10 @@ from acespec.sim.stages import Chunk
 
 
 @dataclass(frozen=True)
-class _Drafts:
-    """A Drafts message up: chain `epoch`'s drafts at positions start, start + 1, ...;
+class _Grow:
+    """A Grow message up: chain `epoch`'s drafts at positions start, start + 1, ...;
     flags[i] = the draft equals the verifier's token there (given a right context). The
-    edge's text before `base` is decided text it has received (Drafts.position - behind)."""
+    edge's text before `base` is decided text it has received (the message's anchor)."""
 
     arrive: float
     epoch: int
@@ -49,7 +49,7 @@ class DecidingVerifier:
         self.lone_passes = self.lone_tokens = 0
         self.decided = 0  # D: the next position to decide
         self.epoch, self.flags, self.dead, self.agree = -1, {}, False, 0  # the edge's chain
-        self.inbox: list[_Drafts] = []  # uplink in send (= arrival) order
+        self.inbox: list[_Grow] = []  # uplink in send (= arrival) order
         self.outbox: list[_Decided] = []
         self.passes, self.busy, self.received, self.scored = 0, 0.0, 0, 0
         self.continuation = self.reconciled = self.hits = 0
@@ -60,7 +60,7 @@ class DecidingVerifier:
         return float("inf") if self.decided >= self.sc.tokens else self.free
 
     def _receive(self) -> None:
-        """Apply the Drafts that arrived by the pass's start (later ones wait for the next)."""
+        """Apply the Grow messages that arrived by the pass's start (later ones wait for the next)."""
         while self.inbox and self.inbox[0].arrive <= self.free:
             m = self.inbox.pop(0)
             if m.epoch != self.epoch:  # a restarted chain replaces the dead one
@@ -198,7 +198,7 @@ class DraftingEdge:
                 self.done_at = m.arrive
                 return
 
-    def step(self, outbox: list[_Decided], inbox: list[_Drafts]) -> None:
+    def step(self, outbox: list[_Decided], inbox: list[_Grow]) -> None:
         self.t = self.next_t(outbox)  # now, or (waiting) the next message's arrival
         self._apply(outbox)
         if self.done_at is not None or not self._may_draft():
@@ -213,7 +213,7 @@ class DraftingEdge:
         nodes = n + sum(1 + len(b) for _, b in branches)
         self.t += (n + sum(len(b) for _, b in branches)) * self.c.draft_s
         arrive = self.up(Chunk(int(self.c.up_base + self.c.up_per_node * nodes), self.t)).t
-        inbox.append(_Drafts(arrive, self.epoch, self.committed, start, flags, branches))
+        inbox.append(_Grow(arrive, self.epoch, self.committed, start, flags, branches))
 
     def _branches(self, start: int, flags) -> tuple:
         """Tree: at each rejected draft, with probability hit_rate a guessed branch of
@@ -228,7 +228,7 @@ class DraftingEdge:
 
 def decided_run(sc: Scenario, c: ModelCosts) -> SimResult:
     """The two actors on one virtual clock: whichever acts first goes next (a verifier pass
-    sees the Drafts that arrived by its start; the edge, the Decided that arrived by now)."""
+    sees the Grow messages that arrived by its start; the edge, the Decided that arrived by now)."""
     up, down = sc.link.build(sc.seed)
     rng = np.random.default_rng(sc.seed)
     opened = up(Chunk(int(c.up_base), 0.0)).t + c.target_s(1)  # Open; the prompt's prefill

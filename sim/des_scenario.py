@@ -60,7 +60,7 @@ class Scenario:
     propose_s: float = 0.0  # ... each costing this long before the pass (a gap drafter's
     # decode; prompt lookup costs nothing)
     hold_s: float = 0.0  # decided: before a pass no draft covers, the verifier idles up to
-    # this long for a Drafts message already on its way (an oracle's wait: the bound of what
+    # this long for a Grow message already on its way (an oracle's wait: the bound of what
     # waiting for the edge could buy; the real verifier never waits)
     seed: int = 0
 

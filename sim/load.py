@@ -247,7 +247,7 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
     it models, on the run's link and profiles; each run gets predicted_* keys beside."""
 
     step, draft = _profiles(cfg)
-    costs = ModelCosts(target_base_s=step.base_ms / 1000,
+    costs = ModelCosts(draft_s=cfg.emulate_draft[0] / 1000, target_base_s=step.base_ms / 1000,
                        target_per_node_s=step.per_node_ms / 1000, target_knee=step.knee)
     fleet = Fleet(accept=accept, lookup_accept=lookup_accept, tokens=cfg.max_tokens,
                   draft_base_s=draft.base_ms / 1000, draft_per_seq_s=draft.per_seq_ms / 1000)
