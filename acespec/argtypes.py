@@ -1,11 +1,15 @@
-"""argparse pieces shared by the commands: numbers in a range, and a parser whose errors are
-one line (exit 2) naming the flag, not the whole usage block."""
+"""argparse pieces shared by the commands: numbers in a range, a parser whose errors are
+one line (exit 2) naming the flag, not the whole usage block, and commands whose modules are
+imported only when they run."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import sys
+from collections.abc import Callable
+from types import ModuleType
 
 EXIT_USAGE = 2
 
@@ -52,21 +56,45 @@ def number(kind, lo=None, hi=None, lo_open=False):
     return parse
 
 
-def draft_ms(text: str) -> tuple[float, float]:
-    """--emulate-draft-ms T[,PER_TOKEN]: two non-negative milliseconds."""
+def ms_profile(text: str, shape: str, most: int, flag: str = "",
+               whole_third: bool = False) -> tuple[float, ...]:
+    """A TESTBED step profile such as 'T0,PER_NODE,KNEE': 1 to `most` comma-separated finite
+    numbers >= 0 (milliseconds; with whole_third, the third a whole number), then zeros up to
+    `most`. ValueError "[FLAG ]wants SHAPE, got TEXT" if it is not one."""
     try:
         parts = [float(x) for x in text.split(",")]
     except ValueError:
         parts = []
-    if not 1 <= len(parts) <= 2 or any(not math.isfinite(x) or x < 0 for x in parts):
-        raise argparse.ArgumentTypeError(f"wants T[,PER_TOKEN] in ms, >= 0, got {text!r}")
-    return parts[0], parts[1] if len(parts) > 1 else 0.0
+    if not 1 <= len(parts) <= most or any(not (math.isfinite(x) and x >= 0) for x in parts) \
+            or (whole_third and len(parts) == 3 and parts[2] != int(parts[2])):
+        raise ValueError(f"{flag + ' ' if flag else ''}wants {shape}, got {text!r}")
+    return (*parts, *[0.0] * (most - len(parts)))
+
+
+def draft_ms(text: str) -> tuple[float, float]:
+    """--emulate-draft-ms T[,PER_TOKEN]: two non-negative milliseconds."""
+    try:
+        return ms_profile(text, "T[,PER_TOKEN] in ms, >= 0", 2)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def command_group(sub, name: str, help: str):
+    """`acespec NAME COMMAND ...`: add NAME to `sub`; returns the subparsers of its commands."""
+    p = sub.add_parser(name, help=help)
+    return p.add_subparsers(dest=f"{name}_cmd", required=True, metavar="COMMAND")
+
+
+def command(load: Callable[[], ModuleType], name: str) -> Callable[[argparse.Namespace], int]:
+    """A parser's `func`: the function `name` of the module load() imports when the command
+    runs, so that building the parsers (every `acespec` call does) imports no command."""
+    def run(args: argparse.Namespace) -> int:
+        return getattr(load(), name)(args)
+    return run
 
 
 def dispatch(args: argparse.Namespace, level: int) -> int:
     """Run a parsed command (its `func`) with logging at `level`; Ctrl-C is exit 130."""
-    import logging
-
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     try:

@@ -133,6 +133,12 @@ async def run_scenarios(model_dir: str, rounds: int, depth: int, scenarios=SCENA
     return rows
 
 
+def measure(model_dir: str, rounds: int, depth: int, scenarios=SCENARIOS,
+            emulate: str | None = None) -> list[dict]:
+    """run_scenarios in a loop of its own: one row a scenario."""
+    return asyncio.run(run_scenarios(model_dir, rounds, depth, scenarios, emulate))
+
+
 def markdown(rows: list[dict]) -> str:
     cols = list(rows[0])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

@@ -28,9 +28,11 @@ from pathlib import Path
 
 import torch
 
+from acespec.argtypes import ms_profile
 from acespec.cloud.target.config import UnsupportedModel
 from acespec.cloud.target.kv_cache import KVCache
 from acespec.cloud.target.model import Request, Transformer
+from acespec.cloud.target.packed import select_linear
 from acespec.cloud.verify.gap_file import read
 from acespec.shared.tokenizer import ModelFileError
 
@@ -134,13 +136,7 @@ class DraftEmulation:
     def parse(cls, text: str | None) -> DraftEmulation:
         if not text:
             return cls()
-        try:
-            parts = [float(x) for x in text.split(",")]
-        except ValueError:
-            parts = []
-        if not 1 <= len(parts) <= 2 or any(not x >= 0 for x in parts):
-            raise ValueError(f"--emulate-cloud-draft-ms wants T0[,PER_SEQ] >= 0, got {text!r}")
-        return cls(parts[0], parts[1] if len(parts) > 1 else 0.0)
+        return cls(*ms_profile(text, "T0[,PER_SEQ] >= 0", 2, flag="--emulate-cloud-draft-ms"))
 
     def seconds(self, seqs: int) -> float:
         return (self.base_ms + self.per_seq_ms * seqs) / 1000
@@ -189,8 +185,6 @@ class GapDrafter:
         """The drafter at `path` (a .gguf file or an HF checkpoint folder), its linears as
         the target's (`--linear`). Raises ValueError unless it has the target's tokenizer
         (vocab_hash) and vocabulary size."""
-        from acespec.cloud.target.packed import select_linear
-
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"--gap-drafter {path}: no such file or folder")
