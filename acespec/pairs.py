@@ -17,9 +17,11 @@ import sys
 from pathlib import Path
 
 from acespec.models import DEMO_DIR, DEMO_DRAFTER, DEMO_TARGET
-from acespec.models.smollm2 import ensure_gguf, ensure_target
 
 NAMES = ("demo", "smollm2")
+# The model name the edge's local API serves a pair under, and the name it always answers to.
+SERVED_NAMES = {"smollm2": "SmolLM2-135M-Instruct", "demo": "acespec-demo"}
+SERVED_NAME = "acespec"
 # SmolLM2's answers end with <|im_end|> (its EOS); the chat prompt a demo shows.
 CHAT_SAMPLE = "Write a Python function that checks whether a number is prime."
 
@@ -32,6 +34,14 @@ def _note(msg: str) -> None:
     print(f"[pair] {msg}", file=sys.stderr, flush=True)
 
 
+def _smollm2():
+    """acespec.models.smollm2, which fetches and converts SmolLM2's files."""
+    # lazy: its converter imports numpy, and every command's parser imports this module
+    from acespec.models import smollm2
+
+    return smollm2
+
+
 def distilled_drafter() -> Path:
     return DEMO_DIR.parent / "smollm2" / "drafter-q8_0.gguf"
 
@@ -41,7 +51,7 @@ def target(name: str) -> Path:
     if name == "demo":
         return DEMO_TARGET
     if name == "smollm2":
-        path = ensure_target()
+        path = _smollm2().ensure_target()
         _note(f"smollm2 target: {path}")
         return path
     raise PairError(f"unknown pair {name!r}; choose from {', '.join(NAMES)}")
@@ -55,7 +65,7 @@ def drafter(name: str) -> Path:
         if distilled_drafter().is_file():
             _note(f"smollm2 drafter: the distilled drafter {distilled_drafter()}")
             return distilled_drafter()
-        path = ensure_gguf()
+        path = _smollm2().ensure_gguf()
         _note(f"smollm2 drafter: the target's own Q4_1 GGUF {path} (no distilled drafter "
               "shipped yet)")
         return path
@@ -69,16 +79,29 @@ def chat_template(name: str) -> str | None:
     # lazy: the cloud resolves its side of a pair without the edge's modules
     from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
 
-    gguf = LlamaDrafter(str(ensure_gguf()), LlamaDrafterConfig(n_ctx=16, n_seq_max=1))
+    gguf = LlamaDrafter(str(_smollm2().ensure_gguf()), LlamaDrafterConfig(n_ctx=16, n_seq_max=1))
     try:
         return gguf.chat_template()
     finally:
         gguf.close()
 
 
+def check_files(model: str, drafter: str) -> None:
+    """Read the headers of the target folder and the drafter GGUF (either may be ''), so
+    that a bad file is one line (ModelFileError, FileNotFoundError) before a child starts."""
+    # lazy: the target's loader and the GGUF check import torch, the cloud extra's
+    from acespec.cloud.target.loader import check_checkpoint
+    from acespec.cloud.verify.gap_file import check_gguf
+
+    if model:
+        check_checkpoint(model)
+    if drafter:
+        check_gguf(Path(drafter), "--drafter")
+
+
 def render_chat(template: str, user: str) -> str:
     """The prompt text of one user message under `template`, ready for the assistant."""
-    import jinja2
+    import jinja2  # lazy: the edge extra's; the cloud's parsers import this module without it
 
     return jinja2.Environment().from_string(template).render(
         messages=[{"role": "user", "content": user}], add_generation_prompt=True,
@@ -95,6 +118,15 @@ def add_argument(p: argparse.ArgumentParser, note: str = "", **flags: str) -> No
                    f"first use){note}")
     p.set_defaults(_pair_flags=dict(flags),
                    _pair_defaults={d: p.get_default(d) for d in flags.values()})
+
+
+def add_model_flags(p, model_help: str, drafter_help: str, model_default: str = "",
+                    note: str = "") -> None:
+    """--model (a target's Hugging Face folder), --drafter (a GGUF) and the --pair that
+    replaces both (note: appended to its help)."""
+    p.add_argument("--model", default=model_default, help=model_help)
+    p.add_argument("--drafter", default=str(DEMO_DRAFTER), help=drafter_help)
+    add_argument(p, note=note, target="model", drafter="drafter")
 
 
 def apply(args: argparse.Namespace) -> None:

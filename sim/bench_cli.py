@@ -11,15 +11,14 @@ equal)."""
 from __future__ import annotations
 
 from acespec import pairs
-from acespec.argtypes import draft_ms, number
-from acespec.models import DEMO_DRAFTER
+from acespec.argtypes import command, draft_ms, number
 from acespec.shared import modes
-from acespec.sim.datasets import DATASETS
 
 STEP_MS = "40,0.5"  # acespec.sim.bench.BenchConfig.emulate: per-node heavy
 GPU_LIKE = "25,0.1,256"  # acespec.sim.load.GPU_LIKE: flat up to 256 nodes
 CLOUD_DRAFT_MS = "5,0.05"  # acespec.sim.bench.CLOUD_DRAFT_MS
 EDGE_DRAFT_MS = "12,1"  # acespec.sim.load.EDGE_DRAFT_MS: a 1B-class drafter on a laptop
+DATASETS = ("shipped", "sharegpt")  # acespec.sim.datasets.DATASETS
 
 
 def add_bench_parser(sub) -> None:
@@ -65,7 +64,7 @@ def _add_run(cmds) -> None:
                    "(+ PER_TOKEN ms per extra token in a batch) (default: off)")
     _model_options(p)
     _output_options(p, plot=True)
-    p.set_defaults(func=_command("bench_run"))
+    p.set_defaults(func=command(_commands, "bench_run"))
 
 
 def _add_load(cmds) -> None:
@@ -125,7 +124,7 @@ def _add_load(cmds) -> None:
                    "acespec, colo, cloud-lookup), on the same link and profiles")
     _acceptance_options(g, accept=0.8, lookup=0.3)
     _output_options(p, plot=True)
-    p.set_defaults(func=_command("bench_load"))
+    p.set_defaults(func=command(_commands, "bench_load"))
 
 
 def _add_hostile(cmds) -> None:
@@ -143,7 +142,7 @@ def _add_hostile(cmds) -> None:
     _verifier_options(p, STEP_MS, "per-node heavy", dtype=True, cloud_draft=False)
     _model_options(p)
     _output_options(p, plot=False)
-    p.set_defaults(func=_command("bench_hostile"))
+    p.set_defaults(func=command(_commands, "bench_hostile"))
 
 
 def _add_calibrate(cmds) -> None:
@@ -163,7 +162,7 @@ def _add_calibrate(cmds) -> None:
                    "target's own passes)")
     _model_options(p)
     _output_options(p, plot=False)
-    p.set_defaults(func=_command("bench_calibrate"))
+    p.set_defaults(func=command(_commands, "bench_calibrate"))
 
 
 def _add_sweep(cmds) -> None:
@@ -189,16 +188,14 @@ def _add_sweep(cmds) -> None:
                    "covers, for drafts already on their way (what waiting for the edge would "
                    "buy; the real verifier never waits; default: %(default)s)")
     _output_options(p, plot=False)
-    p.set_defaults(func=_command("bench_sweep"))
+    p.set_defaults(func=command(_commands, "bench_sweep"))
 
 
-def _command(name: str):
-    """The runner acespec.sim.bench_commands.<name>, imported when the command runs."""
-    def run(args) -> int:
-        from acespec.sim import bench_commands  # lazy: a CLI's start, the runners' modules
+def _commands():
+    """acespec.sim.bench_commands, imported when a command runs."""
+    from acespec.sim import bench_commands  # lazy: a command's start, the runners' modules
 
-        return getattr(bench_commands, name)(args)
-    return run
+    return bench_commands
 
 
 # -- option groups shared by the commands ----------------------------------------------
@@ -276,11 +273,9 @@ def _verifier_options(p, step: str, step_shape: str, dtype: bool, cloud_draft: b
 
 
 def _model_options(p) -> None:
-    g = p.add_argument_group("models")
-    g.add_argument("--model", default="", help="target HF folder (default: the demo target)")
-    g.add_argument("--drafter", default=str(DEMO_DRAFTER),
-                   help="the edge's drafter GGUF (default: %(default)s)")
-    pairs.add_argument(g, target="model", drafter="drafter")
+    pairs.add_model_flags(p.add_argument_group("models"),
+                          "target HF folder (default: the demo target)",
+                          "the edge's drafter GGUF (default: %(default)s)")
 
 
 def _acceptance_options(g, accept: float | None, lookup: float | None) -> None:

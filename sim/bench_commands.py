@@ -30,22 +30,11 @@ def _models_ready(args, check: bool) -> bool:
     try:
         pairs.apply(args)
         if check:
-            _check_files(args)
+            pairs.check_files(args.model, "" if args.drafter == "ngram" else args.drafter)
     except (pairs.PairError, ModelFileError, FileNotFoundError) as e:
         _fail(e)
         return False
     return True
-
-
-def _check_files(args) -> None:
-    # lazy: the target's loader imports torch, the GGUF check llama.cpp
-    from acespec.cloud.target.loader import check_checkpoint
-    from acespec.cloud.verify.gap_file import check_gguf
-
-    if args.model:
-        check_checkpoint(args.model)
-    if args.drafter and args.drafter != "ngram":
-        check_gguf(Path(args.drafter), "--drafter")
 
 
 def bench_run(args) -> int:

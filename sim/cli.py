@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 
+from acespec.argtypes import command_group
+from acespec.sim.trace import shipped_traces
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("sim", help="WAN link emulation")
-    ssub = p.add_subparsers(dest="sim_cmd", required=True, metavar="COMMAND")
-    from acespec.sim.trace import shipped_traces
-
+    ssub = command_group(sub, "sim", "WAN link emulation")
     lk = ssub.add_parser(
         "link", help="a TCP proxy that behaves like a slow WAN link",
         description="Forward TCP from --listen to --to through an emulated link: rate limit "
@@ -43,6 +43,8 @@ def _hostport(text: str) -> tuple[str, int]:
 
 
 def run_link(args) -> int:
+    # lazy: a command's start (the link's stages import numpy, which building the parsers
+    # does without)
     import asyncio
     import signal
 

@@ -53,8 +53,9 @@ def test_subpackage_imports_without(sub, blocked, some):
 
 
 CLI_MODULES = {"acespec.cli", "acespec.cli_generate", "acespec.demo", "acespec.edge.cli",
-               "acespec.cloud.cli", "acespec.sim.cli", "acespec.sim.bench_cli",
-               "acespec.sim.bench_commands", "acespec.cloud.commands", "acespec.cloud.__main__"}
+               "acespec.edge.commands", "acespec.cloud.cli", "acespec.sim.cli",
+               "acespec.sim.bench_cli", "acespec.sim.bench_commands", "acespec.cloud.commands",
+               "acespec.cloud.__main__"}
 
 LIBRARY_SCRIPT = """
 import importlib, pkgutil, sys

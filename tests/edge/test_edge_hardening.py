@@ -32,8 +32,10 @@ from acespec.cloud.serving.server import ServerConfig  # noqa: E402
 from acespec.cloud.serving.servicer import VerifierServicer  # noqa: E402
 from acespec.cloud.verify.batcher import StepEmulation  # noqa: E402
 from acespec.cloud.verify.engine import Engine, Limits  # noqa: E402
+from acespec.edge import cli as edge_cli  # noqa: E402
 from acespec.edge.api.app import create_app  # noqa: E402
-from acespec.edge.cli import build_service  # noqa: E402
+from acespec.edge.commands import build_service  # noqa: E402
+from acespec.edge.session import config as engine_config  # noqa: E402
 from acespec.proto import acespec_pb2 as pb  # noqa: E402
 from acespec.proto import acespec_pb2_grpc as pb_grpc  # noqa: E402
 from acespec.proto.codec import decode_extend, decode_serve_params, encode_scores  # noqa: E402
@@ -489,6 +491,12 @@ def test_serve_help_documents_capacity_flags():
                        capture_output=True, text=True, timeout=60)
     for flag in ("--max-concurrent", "--ctx-per-request", "--max-queue"):
         assert flag in r.stdout
+
+
+def test_the_parsers_limits_are_the_engines():
+    """The parser restates the engine's largest --depth and --window (it imports no engine)."""
+    assert (edge_cli.MAX_DEPTH, edge_cli.MAX_WINDOW) == (engine_config.MAX_DEPTH,
+                                                         engine_config.MAX_WINDOW)
 
 
 # -- 10: ar, unreachable and authenticated verifiers from the CLI -------------------------

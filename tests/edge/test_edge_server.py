@@ -18,7 +18,7 @@ from acespec.cli import build_parser  # noqa: E402
 from acespec.cloud.serving.server import ServerConfig  # noqa: E402
 from acespec.edge.api.app import create_app  # noqa: E402
 from acespec.edge.api.openai_types import parse_request  # noqa: E402
-from acespec.edge.cli import build_service  # noqa: E402
+from acespec.edge.commands import build_service  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
 
 from conftest import free_port  # noqa: E402

@@ -21,7 +21,7 @@ from acespec.edge.api.app import EdgeMetrics, create_app  # noqa: E402
 from acespec.edge.api.openai_types import ApiError, parse_request  # noqa: E402
 from acespec.edge.api.params import OFF  # noqa: E402
 from acespec.edge.api.service import EdgeService  # noqa: E402
-from acespec.edge.cli import served_model_names  # noqa: E402
+from acespec.edge.commands import served_model_names  # noqa: E402
 from acespec.edge.session import EngineConfig, Stats  # noqa: E402
 from acespec.edge.text import TextCodec  # noqa: E402
 

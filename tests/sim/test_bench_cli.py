@@ -7,7 +7,7 @@ import pytest
 
 from acespec.argtypes import draft_ms
 from acespec.cli import build_parser
-from acespec.sim import bench, bench_cli, load
+from acespec.sim import bench, bench_cli, datasets, load
 
 from cli_harness import acespec
 
@@ -55,6 +55,7 @@ def test_the_parsers_defaults_are_the_librarys():
     assert bench_cli.CLOUD_DRAFT_MS == bench.CLOUD_DRAFT_MS == load.LoadConfig.cloud_draft
     assert draft_ms(bench_cli.EDGE_DRAFT_MS) == load.EDGE_DRAFT_MS == \
         load.LoadConfig.emulate_draft
+    assert bench_cli.DATASETS == datasets.DATASETS
 
 
 def test_defaults_follow_the_command():
