@@ -14,9 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from functools import partial
+
+import numpy as np
 
 from acespec.procs import SAFE_PATH_VAR, python_module
 from acespec.shared.config import SamplingParams
@@ -24,6 +27,7 @@ from acespec.shared.served import ServeParams
 
 
 def _time_ms(fn, reps: int = 20) -> float:
+    # lazy: torch and Triton, after main has set TRITON_INTERPRET (--cpu-smoke)
     import torch
     import triton
 
@@ -38,7 +42,7 @@ def _time_ms(fn, reps: int = 20) -> float:
 def check_attention(device: str, shapes, tol: float = 3e-2) -> list[dict]:
     """Triton vs the torch reference on each shape: max |diff| (bf16), plus timings of the
     Triton kernel, SDPA with an explicit mask and the reference."""
-    import torch
+    import torch  # lazy: as _time_ms's
 
     # lazy: --cpu-smoke sets TRITON_INTERPRET in main, before the kernels are jitted
     from acespec.kernels.tree_attention import (
@@ -67,8 +71,7 @@ def check_attention(device: str, shapes, tol: float = 3e-2) -> list[dict]:
 
 def check_encoder(device: str, vocab: int, node_counts) -> list[dict]:
     """Fused encoder vs the numpy reference: outputs equal, and timings."""
-    import numpy as np
-    import torch
+    import torch  # lazy: as _time_ms's
 
     from acespec.kernels.served_encoder import encode, encode_ref  # lazy: as check_attention's
 
@@ -103,8 +106,6 @@ def markdown(rows: list[dict]) -> str:
 
 def run_tests() -> int:
     """The kernel test files, natively on the GPU (no interpreter)."""
-    import subprocess
-
     # The tests run from the repository root: keep it off sys.path (docs/design.md §2).
     env = dict(os.environ, ACESPEC_TRITON_GPU="1", **{SAFE_PATH_VAR: "1"})
     env.pop("TRITON_INTERPRET", None)
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="no GPU: tiny shapes in the Triton interpreter (checks the script)")
     args = ap.parse_args(argv)
-    import torch
+    import torch  # lazy: as _time_ms's
 
     if not torch.cuda.is_available() and not args.cpu_smoke:
         print("gpucheck: no CUDA device here; nothing to measure (use --cpu-smoke to check "

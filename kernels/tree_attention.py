@@ -20,6 +20,7 @@ Reads top to bottom: torch reference, Triton kernel, wrapper, benchmark (`__main
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -186,8 +187,6 @@ if triton is not None:
 def _interpreted() -> bool:
     """Triton's CPU interpreter computes bf16 tl.dot wrongly (Triton 3.9): there, bf16
     inputs are multiplied in fp32 instead; on a GPU they take the native bf16 dot."""
-    import os
-
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 

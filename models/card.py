@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 from pathlib import Path
 
@@ -52,8 +54,6 @@ def _objective(p: dict) -> str:
 
 def _comparison(out: Path) -> str:
     """The equal-time objective comparison behind the choice, when it was run."""
-    import json
-
     path = out / "objective_comparison.json"
     if not path.is_file():
         return ""
@@ -88,6 +88,4 @@ def _train(t: dict) -> str:
 
 
 def _cpus() -> int:
-    import os
-
     return os.cpu_count() or 0

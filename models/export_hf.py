@@ -6,6 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
+from safetensors.torch import save_file
+
 from acespec.cloud.target.model import Transformer
 
 HF_NAMES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -32,8 +34,6 @@ def hf_config(model: Transformer, bos_id: int, eos_id: int) -> dict:
 def export_hf(model: Transformer, tokenizer_dir: str | Path, out_dir: str | Path,
               bos_id: int, eos_id: int) -> Path:
     """config.json, model.safetensors, tokenizer files, generation_config.json."""
-    from safetensors.torch import save_file
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}

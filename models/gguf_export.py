@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
 import numpy as np
 
 from acespec.models.tokenizer_train import bpe_merges
@@ -33,8 +34,6 @@ def export_gguf(model, tokenizer_dir: str | Path, out_path: str | Path, ftype: s
     template) from that GGUF instead of writing them from `tokenizer_dir`, so llama.cpp
     tokenizes exactly as it does for that model.
     """
-    import gguf
-
     args = model.args
     if args.arch != "llama" or args.qkv_bias or args.o_bias or args.mlp_bias or args.rope_scaling:
         raise ValueError("GGUF export supports plain Llama (no biases, no rope scaling)")
@@ -87,8 +86,6 @@ def _write_hparams(w, args, name: str, context_length: int, ftype: str) -> None:
 
 
 def _write_tokenizer(w, tokenizer_dir: Path, vocab_size: int) -> None:
-    import gguf
-
     tok = Tokenizer.load(tokenizer_dir)
     table = tok.id_to_token_table()
     if len(table) != vocab_size:
@@ -108,8 +105,6 @@ def _write_tokenizer(w, tokenizer_dir: Path, vocab_size: int) -> None:
 
 
 def _copy_tokenizer(w, src: Path, vocab_size: int) -> None:
-    import gguf
-
     fields = gguf.GGUFReader(str(src)).fields
     n = len(fields["tokenizer.ggml.tokens"].data)
     if n != vocab_size:
@@ -122,8 +117,6 @@ def _copy_tokenizer(w, src: Path, vocab_size: int) -> None:
 
 
 def _add_tensor(w, name: str, data: np.ndarray, ftype: str) -> None:
-    import gguf
-
     if data.ndim == 1 or ftype == "f32":
         w.add_tensor(name, data.astype(np.float32))
     elif ftype == "f16":

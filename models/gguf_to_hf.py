@@ -109,7 +109,7 @@ def hf_config(reader) -> dict:
 def convert_weights(reader, cfg: dict, on_tensor: Callable[[int, int], None] | None = None
                     ) -> dict[str, np.ndarray]:
     """Dequantized float32 tensors under HF names, Q/K un-permuted. on_tensor(done, total)."""
-    from gguf.quants import dequantize
+    from gguf.quants import dequantize  # lazy: as convert's
 
     out: dict[str, np.ndarray] = {}
     for n, t in enumerate(reader.tensors, 1):
@@ -188,6 +188,8 @@ def _write_json(path: Path, obj: dict) -> None:
 def convert(gguf_path: str | Path, out_dir: str | Path,
             on_tensor: Callable[[int, int], None] | None = None) -> Path:
     """Write the HF checkpoint of `gguf_path` into `out_dir` (created; files overwritten)."""
+    # lazy: gguf and safetensors are the cloud's; the edge imports this module (through
+    # acespec.models.smollm2, for the pair's GGUF) without them
     import gguf
     from safetensors.numpy import save_file
 

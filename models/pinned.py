@@ -8,6 +8,7 @@ Used for what the project needs but is not an install dependency: the SmolLM2 GG
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import shutil
 import time
@@ -44,8 +45,6 @@ def sha256_file(path: Path) -> str:
 def locked(root: Path) -> Iterator[None]:
     """One fetcher per cache folder: a verifier and an edge started together on a fresh
     machine must not both download and write the same files."""
-    import fcntl
-
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)

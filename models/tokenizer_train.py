@@ -6,14 +6,14 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 BOS, EOS = "<|bos|>", "<|eos|>"
 SPECIALS = [BOS, EOS]
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> object:
     """A byte-level BPE over `texts` with BOS/EOS as ids 0 and 1. Returns tokenizers.Tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()

@@ -8,7 +8,8 @@ The mask depends on the output so far only (from `output_from`, as the penalties
 so `Cursor.mask(text)` takes the whole text and follows it with consume and rollback: a
 decided session walks forward, a speculation tree jumps between branches.
 
-llguidance is imported lazily: it is needed only by a request that asks for structure.
+llguidance is loaded lazily (`_llguidance`): it is needed only by a request that asks for
+structure.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ import numpy as np
 from acespec.shared.config import ConfigError
 
 
+def _llguidance():
+    """The llguidance module, loaded by the first request that asks for structure."""
+    import llguidance  # lazy: a native library that only structured output needs
+
+    return llguidance
+
+
 class GrammarError(ConfigError):
     """A grammar or schema llguidance cannot compile; the message says why."""
 
@@ -29,10 +37,8 @@ def json_grammar(schema: dict | None, options: dict | None = None) -> str:
     """The grammar of JSON text valid against `schema` (None: any JSON object), with
     llguidance's JSON options (e.g. {"whitespace_flexible": False}); GrammarError naming the
     problem when llguidance cannot compile it."""
-    from llguidance import LLMatcher
-
     try:
-        grammar = LLMatcher.grammar_from_json_schema(
+        grammar = _llguidance().LLMatcher.grammar_from_json_schema(
             {"type": "object"} if schema is None else schema, defaults=options)
     except (ValueError, TypeError, RuntimeError) as e:
         raise GrammarError(f"the JSON schema cannot be compiled: {e}") from None
@@ -41,9 +47,7 @@ def json_grammar(schema: dict | None, options: dict | None = None) -> str:
 
 
 def check_grammar(grammar: str) -> None:
-    from llguidance import LLMatcher
-
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    is_error, messages = _llguidance().LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
         raise GrammarError(f"the grammar cannot be compiled: {'; '.join(messages)[:300]}")
 
@@ -51,18 +55,14 @@ def check_grammar(grammar: str) -> None:
 @lru_cache(maxsize=4)
 def tokenizer_from_json(path: str, eos_id: int | None):
     """llguidance's tokenizer from a tokenizer.json (about a second: cached)."""
-    from llguidance import LLTokenizer
-
     with open(path, encoding="utf-8") as f:
-        return LLTokenizer(f.read(), eos_token=eos_id)
+        return _llguidance().LLTokenizer(f.read(), eos_token=eos_id)
 
 
 def tokenizer_from_pieces(pieces: Sequence[bytes], eos_id: int, bos_id: int | None,
                           specials: Sequence[int], encode) -> object:
     """llguidance's tokenizer from each id's bytes (specials: their names, marked) and an
     encoder (text -> ids), for a vocabulary known only through a drafter."""
-    from llguidance import LLTokenizer, TokenizerWrapper
-
     class Vocab:
         tokens = list(pieces)
         eos_token_id, bos_token_id = eos_id, bos_id
@@ -70,17 +70,16 @@ def tokenizer_from_pieces(pieces: Sequence[bytes], eos_id: int, bos_id: int | No
 
         def __call__(self, s):
             return encode(s.decode("utf-8") if isinstance(s, bytes) else s)
-    return LLTokenizer(TokenizerWrapper(Vocab()))
+    ll = _llguidance()
+    return ll.LLTokenizer(ll.TokenizerWrapper(Vocab()))
 
 
 class Cursor:
     """A grammar's matcher, kept at the text it was last asked about."""
 
     def __init__(self, tokenizer, grammar: str, output_from: int, vocab: int):
-        from llguidance import LLMatcher
-
         self.tokenizer, self.grammar = tokenizer, grammar
-        self.matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        self.matcher = _llguidance().LLMatcher(tokenizer, grammar, log_level=0)
         if self.matcher.is_error():
             raise GrammarError(f"the grammar cannot be used: {self.matcher.get_error()}")
         self.output_from, self.vocab = output_from, vocab
@@ -109,9 +108,7 @@ class Cursor:
 
     def _rebuilt(self):
         """A matcher at `consumed` again, after a token it refused (an error state sticks)."""
-        from llguidance import LLMatcher
-
-        m = LLMatcher(self.tokenizer, self.grammar, log_level=0)
+        m = _llguidance().LLMatcher(self.tokenizer, self.grammar, log_level=0)
         m.consume_tokens(self.consumed)
         return m
 

@@ -69,6 +69,8 @@ class Tokenizer:
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
         """Load `tokenizer.json` (or a directory holding one)."""
+        # lazy: the tokenizers library, loaded when one is read (the parsers import this
+        # module for its errors)
         from tokenizers import Tokenizer as HFTokenizer
 
         path = Path(path)

@@ -17,8 +17,10 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from urllib.request import urlopen
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
 from acespec.edge.session import EdgeEngine, EngineConfig, Stats
@@ -191,10 +193,6 @@ class Meter:
         self.url, self.engine = f"http://{host}:{port}/metrics", engine
 
     def _counter(self, name: str) -> float:
-        from urllib.request import urlopen
-
-        from prometheus_client.parser import text_string_to_metric_families
-
         with urlopen(self.url, timeout=5) as r:
             text = r.read().decode()
         return sum(x.value for f in text_string_to_metric_families(text)

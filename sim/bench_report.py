@@ -184,10 +184,10 @@ def markdown(rows: list[dict]) -> str:
 
 def plot(summary: list[dict], cats: list[dict], folder: str) -> list[Path]:
     """PNG plots: tokens/s per link and mode; wire bytes/token; acceptance by category."""
-    import matplotlib
+    import matplotlib  # lazy: the sim extra's, for the plots only
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: as matplotlib's, once its backend is set
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,12 @@ import under `if TYPE_CHECKING:` counts too. `from acespec.x import y` is an edg
 the way is not an edge (re-exporting submodules is not a cycle).
 
 An import inside a function is for a heavy optional dependency or a command's lazy start,
-and says so in a comment; there are few of them (MAX_IN_FUNCTION).
+and says so in a comment starting `# lazy:`, which covers an import statement when it stands
+on the statement's first line or among the comment lines right above it, and covers the import
+statements that follow it in the same run (import statements one after another in a function
+body; blank lines between them are allowed), so one comment serves a group. Every module of
+the project is held to this, whatever it imports; project modules imported inside functions
+are also few (MAX_IN_FUNCTION).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ except ModuleNotFoundError:  # Python 3.10
 
 ROOT = Path(__file__).resolve().parents[1]
 
-MAX_IN_FUNCTION = 80  # import statements of project modules inside functions, outside tests/
+MAX_IN_FUNCTION = 40  # import statements of project modules inside functions, outside tests/
+LAZY = "# lazy:"
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,44 @@ def project_imports() -> list[Import]:
     return found
 
 
+def _says_lazy(lines: list[str], node: ast.stmt) -> bool:
+    """`# lazy:` on the statement's first line or in the comment lines right above it."""
+    if LAZY in lines[node.lineno - 1]:
+        return True
+    above = node.lineno - 2
+    while above >= 0 and lines[above].lstrip().startswith("#"):
+        if lines[above].lstrip().startswith(LAZY):
+            return True
+        above -= 1
+    return False
+
+
+def unexplained_lazy_imports(source: str) -> list[int]:
+    """The lines of the import statements inside functions that no `# lazy:` comment covers
+    (the rule in the module's docstring)."""
+    lines = source.splitlines()
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for _, body in ast.iter_fields(node):
+            if not (isinstance(body, list) and body and isinstance(body[0], ast.stmt)):
+                continue
+            covered = False  # by a comment earlier in this run of imports
+            for stmt in body:
+                if not isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                    covered = False
+                    continue
+                covered = covered or _says_lazy(lines, stmt)
+                if in_function and not covered:
+                    found.append(stmt.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_function or isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(source), False)
+    return found
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """One cycle through each strongly connected component of more than one module
     (Tarjan's algorithm, iterative; then a path around the component)."""
@@ -193,6 +237,29 @@ def test_resolves_relative_and_submodule_imports():
         ("acespec.sim.trace", False), ("acespec.sim.des", False), ("acespec.shared", True)]
 
 
+def test_a_lazy_comment_covers_its_run_of_imports():
+    source = """import os
+
+def f():
+    # lazy: heavy, and a second line
+    # of the same comment
+    import a
+
+    from b import c
+    x = 1
+    import d
+    import e  # lazy: said on its line
+    import g
+
+
+def h():
+    import i
+    # lazy: an import after this comment is covered, not one before it
+    import j
+"""
+    assert unexplained_lazy_imports(source) == [10, 16]
+
+
 def test_the_import_graph_has_no_cycle():
     edges: dict[str, set[str]] = {}
     for imp in project_imports():
@@ -212,3 +279,11 @@ def test_few_imports_inside_functions():
     assert len(inside) <= MAX_IN_FUNCTION, (
         f"{len(inside)} project imports inside functions (at most {MAX_IN_FUNCTION}); "
         f"most in: {worst}")
+
+
+def test_every_import_inside_a_function_says_why():
+    bad = [f"{path.relative_to(ROOT)}:{line}" for path in project_modules().values()
+           for line in unexplained_lazy_imports(path.read_text())]
+    assert not bad, (f"imports inside functions without a `{LAZY}` comment on their line or "
+                     "just above (move them to the top of the module, or say why they wait): "
+                     + ", ".join(bad))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
 SESSION_LABEL = 12  # hex digits of a session id in per-session labels
 
 
@@ -29,8 +31,6 @@ class Metrics:
 
     @classmethod
     def create(cls) -> Metrics:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
         r = CollectorRegistry()
         return cls(
             registry=r,
@@ -108,7 +108,5 @@ class Metrics:
 
     def serve(self, port: int, host: str = "0.0.0.0"):
         """Start the HTTP exporter in a thread; returns (server, bound port)."""
-        from prometheus_client import start_http_server
-
         server, thread = start_http_server(port, addr=host, registry=self.registry)
         return server, server.server_port

@@ -13,13 +13,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from acespec.cloud.errors import Unavailable
+from acespec.cloud.serving.metrics import Metrics
 from acespec.cloud.serving.servicer import VerifierServicer
+from acespec.cloud.target.attention import select_kernels
+from acespec.cloud.target.loader import load_model, set_threads
+from acespec.cloud.target.packed import select_linear
+from acespec.cloud.target.tp_launch import check_kernels, start_leader, topology
 from acespec.cloud.verify.batcher import StepEmulation
 from acespec.cloud.verify.engine import Engine, Limits
-from acespec.cloud.verify.gap import DraftEmulation
+from acespec.cloud.verify.gap import DraftEmulation, GapDrafter
+from acespec.models import DEMO_TARGET
 from acespec.proto import acespec_pb2_grpc as pb_grpc
 from acespec.shared.served import ServeParams
+from acespec.shared.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +70,6 @@ class ServeFailed(RuntimeError):
 def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
     """The target loaded (on this process's tensor-parallel rank 0 with its group started,
     under --tp/torchrun) and wrapped in an Engine. on_failure(reason): a rank was lost."""
-    from acespec.cloud.target.attention import select_kernels
-    from acespec.cloud.target.loader import load_model, set_threads
-    from acespec.cloud.target.packed import select_linear
-    from acespec.cloud.target.tp_launch import topology
-    from acespec.models import DEMO_TARGET
-    from acespec.shared.tokenizer import Tokenizer
-
     path = Path(cfg.model or DEMO_TARGET)
     topo = topology(cfg.tp)
     if topo is None:
@@ -87,8 +89,6 @@ def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
                     f" beyond {cfg.emulation.knee}" if cfg.emulation.knee else "")
     gap = None
     if cfg.gap_drafter:
-        from acespec.cloud.verify.gap import GapDrafter
-
         gap = GapDrafter.load(cfg.gap_drafter, vocab_hash, model.args.vocab_size,
                               dtype=cfg.dtype, device=str(model.device), linear=cfg.linear,
                               emulation=cfg.cloud_draft)
@@ -102,8 +102,6 @@ def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
 
 def _load_sharded(cfg: ServerConfig, path: Path, topo, metrics, on_failure):
     """Rank 0 of a group (its ranks spawned here unless torchrun started them)."""
-    from acespec.cloud.target.tp_launch import check_kernels, start_leader
-
     check_kernels(cfg.kernels, topo.world)
     model = start_leader(path, topo, cfg.dtype, cfg.device, cfg.threads, on_failure,
                          cfg.linear, cfg.tp_heartbeat_s)
@@ -116,8 +114,6 @@ def _load_sharded(cfg: ServerConfig, path: Path, topo, metrics, on_failure):
 
 async def create_server(engine: Engine, cfg: ServerConfig) -> tuple[grpc.aio.Server, int]:
     """A started server bound to cfg.host:cfg.port (0 = any free port); returns (server, port)."""
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
     creds = _tls_credentials(cfg)
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", 16 << 20),
@@ -178,8 +174,6 @@ def _bind(server: grpc.aio.Server, address: str, creds) -> int:
 
 async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM, then drain: refuse new sessions, give open ones grace_s."""
-    from acespec.cloud.serving.metrics import Metrics
-
     _tls_credentials(cfg)  # a bad cert or key fails now, not after loading the model
     metrics = Metrics.create()
     loop = asyncio.get_running_loop()
@@ -214,8 +208,6 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
     if ready:
         ready.set()
     await stop.wait()
-    from grpc_health.v1 import health_pb2
-
     for name in ("", "acespec.v1.Verifier"):
         await server.health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     if failed:  # no pass can run: end every session now (their edges resume elsewhere)
@@ -239,8 +231,6 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
 async def _drain(server, engine: Engine, grace_s: float) -> None:
     """Stop taking calls and give the open ones grace_s. Those still open near its end are
     ended with UNAVAILABLE (their edges resume elsewhere) rather than cut by the stop."""
-    from acespec.cloud.errors import Unavailable
-
     stopping = asyncio.create_task(server.stop(grace_s))
     end = asyncio.get_running_loop().time() + grace_s * DRAIN_FRACTION
     while engine.active and asyncio.get_running_loop().time() < end:

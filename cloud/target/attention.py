@@ -21,7 +21,7 @@ KERNELS = ("auto", "triton", "torch")
 
 def triton_available() -> bool:
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401  # lazy: a probe; importing Triton is slow
     except ImportError:
         return False
     return True

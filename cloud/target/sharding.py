@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from acespec.cloud.target.config import ModelArgs
 
@@ -73,8 +74,6 @@ def read_shard(files: list[Path], names: set[str], rank: int, n: int, device: st
                ) -> tuple[dict[str, torch.Tensor], set[str]]:
     """Only this rank's part of every tensor in `names`, read straight from the safetensors
     files (a rank never holds the whole checkpoint); and the names the files hold."""
-    from safetensors import safe_open
-
     state, held = {}, set()
     for f in files:
         with safe_open(str(f), framework="pt", device=str(device)) as st:

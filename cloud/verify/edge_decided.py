@@ -201,7 +201,7 @@ class EdgeDecidedSession:
 
     def _score_encoded(self, first_id: int, logits: torch.Tensor) -> list[NodeScore]:
         """Score nodes first_id.. from logits [n, V] (on the device) in one encoder call."""
-        from acespec.kernels.served_encoder import encode
+        from acespec.kernels.served_encoder import encode  # lazy: Triton jits its kernels on import
 
         ids = range(first_id, first_id + len(logits))
         nodes = [self.nodes[i] for i in ids]

@@ -5,11 +5,17 @@ unreadable is refused naming the file (checked by its own header, without loadin
 from __future__ import annotations
 
 import logging
+import math
+import struct
 import tempfile
 from pathlib import Path
 
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from acespec.cloud.target.loader import load_model
 from acespec.cloud.target.model import Transformer
-from acespec.shared.tokenizer import ModelFileError, first_line
+from acespec.models.gguf_to_hf import ConvertError, convert
+from acespec.shared.tokenizer import ModelFileError, Tokenizer, first_line
 
 log = logging.getLogger(__name__)
 
@@ -17,9 +23,6 @@ log = logging.getLogger(__name__)
 def read(path: Path, dtype: str, device: str) -> tuple[str, Transformer]:
     """(vocab hash, model) of the drafter at `path`: a GGUF (converted in a temporary
     folder) or an HF checkpoint folder."""
-    from acespec.cloud.target.loader import load_model
-    from acespec.shared.tokenizer import Tokenizer
-
     with tempfile.TemporaryDirectory(prefix="acespec-gap-") as tmp:
         folder = path
         if path.is_file():
@@ -32,8 +35,6 @@ def read(path: Path, dtype: str, device: str) -> tuple[str, Transformer]:
 def _convert(path: Path, out: str) -> Path:
     """The GGUF at `path` as an HF checkpoint folder written into `out`; ModelFileError
     naming the GGUF when it is empty, not a GGUF, cut short or otherwise unreadable."""
-    from acespec.models.gguf_to_hf import ConvertError, convert
-
     size = _check_magic(path)
     try:
         return convert(path, out)
@@ -90,11 +91,6 @@ def gguf_needs(path: Path) -> int:
     """The size a whole GGUF has by its own header: where its last tensor's data ends.
     Walks the header only (key-values, tensor infos, alignment). EOFError when the header
     itself is cut off; ValueError or KeyError when it is not a GGUF header."""
-    import math
-    import struct
-
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
     size = path.stat().st_size
     with path.open("rb") as f:
         def take(fmt: str) -> tuple:

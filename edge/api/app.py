@@ -9,6 +9,8 @@ import json
 import logging
 
 import grpc
+import uvicorn
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -24,8 +26,6 @@ log = logging.getLogger(__name__)
 
 class EdgeMetrics:
     def __init__(self):
-        from prometheus_client import CollectorRegistry, Counter
-
         r = self.registry = CollectorRegistry()
         self.requests = Counter("acespec_edge_requests", "HTTP requests", ["endpoint", "status"],
                                 registry=r)
@@ -61,8 +61,6 @@ class EdgeMetrics:
             self.unverified.labels(fate).inc(u[f"unverified_{fate}"])
 
     def text(self) -> bytes:
-        from prometheus_client import generate_latest
-
         return generate_latest(self.registry)
 
 
@@ -273,8 +271,6 @@ def serve(svc: EdgeService, guard: GuardConfig, host: str, port: int) -> None:
     """Run the app under uvicorn until SIGINT/SIGTERM. A request in flight does not hold a
     signal hostage: open streams end at once with an error event and [DONE], pending
     completions with a 503 (svc.begin_shutdown), and what is left is cancelled after 4 s."""
-    import uvicorn
-
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
             svc.begin_shutdown()

@@ -10,6 +10,8 @@ A field of a /v1/completions or /v1/chat/completions body is one of:
 
 from __future__ import annotations
 
+import json
+
 from acespec.edge.api.errors import ApiError, same_json
 
 _BOTH = frozenset({
@@ -48,8 +50,6 @@ def is_off(value, offs: tuple) -> bool:
 
 
 def off_values(offs: tuple) -> str:
-    import json
-
     return " or ".join(json.dumps(v) for v in (None, *offs))
 
 

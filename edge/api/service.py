@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import jinja2
+
 from acespec.edge.api.answer import FAILED, Answer, LinkBoard, Note, stream_parts
 from acespec.edge.api.logprobs import Echo, echo_of, joined
 from acespec.edge.api.openai_types import (
@@ -174,8 +176,6 @@ class EdgeService:
         if not self.chat_template:
             raise ApiError(400, f"model {self.model_name!r} has no chat template; use "
                            "/v1/completions", "messages")
-        import jinja2
-
         template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(
             self.chat_template)
         extra = {}

@@ -109,7 +109,7 @@ def _tools_grammar(specs: tuple[dict, ...], choice: str) -> str:
     schema = call_schema(specs)
     if choice != "auto":
         return _compiled(schema, "tools")
-    from llguidance import LLMatcher
+    from llguidance import LLMatcher  # lazy: only a request with tools loads llguidance
 
     lark = f"start: call | text\ncall: %json {json.dumps(schema)}\ntext: /[^{{](.|\\n)*/\n"
     try:

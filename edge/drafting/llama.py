@@ -82,7 +82,7 @@ class LlamaDrafter:
     so one decode runs at a time (llama.cpp contexts are single-threaded)."""
 
     def __init__(self, path: str | Path, config: LlamaDrafterConfig = LlamaDrafterConfig()):
-        import llama_cpp
+        import llama_cpp  # lazy: llama.cpp's native library, loaded when a drafter is made
 
         self._lock = threading.RLock()
         self._depth, self._owed = 0, 0.0  # nested locked calls; an emulated step owed apart
@@ -212,6 +212,7 @@ class LlamaDrafter:
         if cur is None or (cur.grammar, cur.output_from) != (sampling.grammar,
                                                              sampling.output_from):
             if self._grammar_vocab is None:  # (it reads self._vocab: dropped by close)
+                # lazy: only a request that asks for structure loads llguidance
                 from llguidance.llamacpp import lltokenizer_from_vocab
 
                 with warnings.catch_warnings():  # it calls a llama.cpp name now deprecated

@@ -13,6 +13,7 @@ import logging
 import time
 from pathlib import Path
 
+import jinja2
 import numpy as np
 
 from acespec.edge.drafting.llama_lib import silence, tokenize
@@ -29,8 +30,6 @@ def render_chat(template: str, user: str) -> str:
 
 @functools.lru_cache(maxsize=4)
 def _compiled(template: str):
-    import jinja2
-
     return jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(template)
 
 
@@ -39,7 +38,7 @@ class LlamaBatch:
 
     def __init__(self, path: str | Path, n_seq: int = 16, n_ctx_seq: int = 512,
                  n_batch: int = 512, threads: int = 1):
-        import llama_cpp as ll
+        import llama_cpp as ll  # lazy: llama.cpp's native library, loaded when a GGUF runs
 
         silence(ll)
         ll.llama_backend_init()

@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import gguf
 import numpy as np
 import torch
 
@@ -71,8 +72,6 @@ def start_from_gguf(model: Transformer, path: Path) -> None:
     """Load a drafter GGUF's decoder layers and final norm into `model`, a cut of the same
     depth (its embedding and head stay the target's own, which the drafter's are, frozen):
     training goes on from a shipped drafter, whose build checkpoints did not survive."""
-    import gguf
-
     reader = gguf.GGUFReader(str(path))
     cfg = hf_config(reader)
     a = model.args
