@@ -77,13 +77,20 @@ def encode_extend(first_id: int, tokens: Sequence[int], parents: Sequence[int],
     return msg
 
 
-def decode_extend(msg: pb.Extend, first_id: int) -> NewNodes:
+def _node_count(msg: pb.Extend | pb.Grow, kind: str) -> int:
+    """How many new nodes an Extend or a Grow carries; WireError when none, or when its
+    branch lists differ in length."""
     n = len(msg.tokens)
     if n == 0:
-        raise WireError("Extend.tokens is empty")
+        raise WireError(f"{kind}.tokens is empty")
     if len(msg.branch_index) != len(msg.branch_parent):
-        raise WireError(f"Extend.branch_index has {len(msg.branch_index)} entries but "
+        raise WireError(f"{kind}.branch_index has {len(msg.branch_index)} entries but "
                         f"branch_parent has {len(msg.branch_parent)}")
+    return n
+
+
+def decode_extend(msg: pb.Extend, first_id: int) -> NewNodes:
+    n = _node_count(msg, "Extend")
     parents = np.arange(first_id - 1, first_id - 1 + n, dtype=np.int64)
     for i, p in zip(msg.branch_index, msg.branch_parent):
         if i >= n:
@@ -170,12 +177,7 @@ def encode_grow(anchor: int, first_id: int, tokens: Sequence[int],
 
 
 def decode_grow(msg: pb.Grow, first_id: int) -> GrowMsg:
-    n = len(msg.tokens)
-    if n == 0:
-        raise WireError("Grow.tokens is empty")
-    if len(msg.branch_index) != len(msg.branch_parent):
-        raise WireError(f"Grow.branch_index has {len(msg.branch_index)} entries but "
-                        f"branch_parent has {len(msg.branch_parent)}")
+    n = _node_count(msg, "Grow")
     backs = {0: msg.first_parent}
     for i, k in zip(msg.branch_index, msg.branch_parent):
         if not 1 <= i < n:

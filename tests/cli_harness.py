@@ -4,6 +4,8 @@ a service manager's SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
@@ -11,7 +13,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+from conftest import free_port
 
 ACESPEC = str(Path(sys.executable).with_name("acespec"))  # the console script of this venv
 
@@ -84,6 +89,30 @@ def verifier(*extra: str) -> tuple[Proc, str]:
     proc = Proc("cloud", "serve", "--host", "127.0.0.1", "--port", "0", *extra)
     m = proc.wait_for(r"listening on ([\d.]+:\d+)")
     return proc, m.group(1)
+
+
+def generate_json(cloud: str, prompt: str, *flags: str) -> dict:
+    """`acespec edge generate PROMPT --cloud CLOUD FLAGS... --json`: its answer, which must
+    exit 0."""
+    p = acespec("edge", "generate", prompt, "--cloud", cloud, *flags, "--json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout)
+
+
+@contextlib.contextmanager
+def edge_serve(cloud: str, *flags: str, verbose: bool = False) -> Iterator[tuple[str, Proc]]:
+    """`acespec [-v] edge serve --cloud CLOUD --port PORT FLAGS...` once /health answers:
+    yields (its base URL, the process), stopped by SIGTERM at the end."""
+    port = free_port()
+    with Proc(*(["-v"] if verbose else []), "edge", "serve", "--cloud", cloud, "--port",
+              str(port), *flags) as edge:
+        url = f"http://127.0.0.1:{port}"
+        try:
+            edge.wait_for(r"acespec edge listening")
+            wait_http(f"{url}/health")
+            yield url, edge
+        finally:
+            edge.stop(timeout=20)
 
 
 def wait_http(url: str, timeout: float = 60) -> None:

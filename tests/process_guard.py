@@ -40,3 +40,24 @@ def leftovers(value: str, grace_s: float = 5.0) -> dict[int, str]:
         except OSError:
             pass
     return left
+
+
+def _stat(proc_dir: Path) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (the state, then the parent's
+    pid, ...); None when the process is gone."""
+    try:
+        return (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    fields = _stat(Path(f"/proc/{pid}"))
+    return fields is not None and fields[0] != "Z"
+
+
+def children(parent: int) -> list[int]:
+    """The live processes whose parent is `parent`."""
+    return [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()
+            and (f := _stat(d)) is not None and int(f[1]) == parent and f[0] != "Z"]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 CATEGORY_ORDER = ("code", "writing", "explain", "other", "all")
 
@@ -17,32 +19,29 @@ def _sittings(card: dict) -> str:
         " on the grown corpus, the longer schedule from where the last left off)"
 
 
-def _grown(card: dict) -> str:
-    """How a grown preset started, e.g. ' Grown from preset smollm2: ...' (empty if not)."""
-    base = card.get("grown_from")
-    if not base:
-        return ""
+def _when(card: dict, key: str, render: Callable[[Any], str]) -> str:
+    """render(card[key]) when the card has that entry, else ''."""
+    value = card.get(key)
+    return render(value) if value else ""
+
+
+def _grown(base: str) -> str:
+    """How a grown preset started, e.g. ' Grown from preset smollm2: ...'."""
     return (f"\n  Grown from preset `{base}` (built first when missing): its trained layers and "
             "norm kept, the target's next layers added with zero output projections (so the "
             "grown model starts as exactly the trained one), then all trained on.")
 
 
-def _started(card: dict) -> str:
-    """How a preset that trains on from a GGUF started (empty if it did not)."""
-    start = card.get("started_from")
-    if not start:
-        return ""
+def _started(start: dict) -> str:
+    """How a preset that trains on from a GGUF started."""
     return (f"\n  Trained on from `{start['file']}` (sha256 `{start['sha256'][:16]}…`), the\n"
             "  drafter shipped before this one: its layers and norm loaded from that GGUF\n"
             "  (dequantized), then trained on this build's material; how that one was built\n"
             "  is in its own card, in the repository's history.")
 
 
-def _agreement(card: dict) -> str:
-    """The teacher-forced top-1 agreement line (empty for cards from before it was kept)."""
-    agree = card.get("agreement")
-    if not agree:
-        return ""
+def _agreement(agree: dict) -> str:
+    """The teacher-forced top-1 agreement line."""
     cats = ", ".join(f"{c} {agree[c]:.1%}" for c in CATEGORY_ORDER if c in agree and c != "all")
     return (f"Teacher-forced on those answers, the drafter's top-1 is the target's token at "
             f"**{agree['all']:.1%}** of answer positions ({cats}).\n\n")
@@ -86,7 +85,7 @@ checkpoint is converted from):
 |---|---|{'---|' * len(depths)}
 {rows}
 
-{_agreement(card)}- Teacher material, all from the ShareGPT *training* split (records [0, 12000)):
+{_when(card, 'agreement', _agreement)}- Teacher material, all from the ShareGPT *training* split (records [0, 12000)):
   the target's own answers to {corpus['answers']['sequences']:,} first user turns
   ({corpus['answers']['tokens']:,} tokens, prompts included; greedy or at T=0.7; the torch
   target, in bfloat16 where the machine computes it natively), and
@@ -99,7 +98,7 @@ checkpoint is converted from):
   as the target's do.
 - Training: {t['steps']} steps of {t['batch']} × {t['seq_len']} tokens, AdamW lr {t['lr']:g}
   cosine{_sittings(card)}{', bfloat16 autocast' if t.get('autocast') else ''}, cross-entropy to the teacher's renormalised top-k at every position, sampled
-  softmax (the step's teacher tokens + 4,096 uniform negatives).{_grown(card)}{_started(card)}
+  softmax (the step's teacher tokens + 4,096 uniform negatives).{_when(card, 'grown_from', _grown)}{_when(card, 'started_from', _started)}
 - Minutes on {platform.machine()} ({', '.join(f'{k} {v}' for k, v in m.items())}).
 """
     if notes:

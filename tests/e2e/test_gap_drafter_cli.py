@@ -4,7 +4,6 @@ stats say what it proposed and what it cost; a wrong file is one line and exit 2
 
 from __future__ import annotations
 
-import json
 import urllib.request
 
 import pytest
@@ -14,7 +13,7 @@ pytest.importorskip("llama_cpp")
 
 from acespec.models import DEMO_DRAFTER  # noqa: E402
 
-from cli_harness import acespec, verifier  # noqa: E402
+from cli_harness import acespec, generate_json, verifier  # noqa: E402
 from conftest import free_port  # noqa: E402
 
 PROMPT = "def fibonacci(n):"
@@ -33,12 +32,8 @@ def test_a_gap_drafter_proposes_in_lone_passes_and_changes_no_token():
     mport = free_port()
     cloud, addr = verifier("--gap-drafter", str(DEMO_DRAFTER), "--metrics-port", str(mport))
     with cloud:
-        runs = {}
-        for mode in ("ar", "acespec"):
-            q = acespec("edge", "generate", PROMPT, "--cloud", addr, "--mode", mode,
-                        "--max-tokens", "48", "--json")
-            assert q.returncode == 0, q.stderr[-2000:]
-            runs[mode] = json.loads(q.stdout)
+        runs = {mode: generate_json(addr, PROMPT, "--mode", mode, "--max-tokens", "48")
+                for mode in ("ar", "acespec")}
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10
                                          ).read().decode()
         cloud.stop()

@@ -18,18 +18,16 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
-from api_stack import api_servers  # noqa: E402
+import api_stack  # noqa: E402
 
 from conftest import stdlib_texts  # noqa: E402
 
 pytestmark = pytest.mark.slow
+servers = api_stack.servers  # the stack's fixture
 ROOT = Path(__file__).resolve().parents[2]
 GUIDELLM = Path(os.environ.get("ACESPEC_GUIDELLM", ROOT / ".venv-guidellm" / "bin" / "guidellm"))
 
 
-@pytest.fixture(scope="module")
-def servers(tiny_pair, tiny_hf_dir):
-    yield from api_servers(tiny_pair, tiny_hf_dir)
 
 
 def run_guidellm(url: str, data: Path, tokenizer: Path, out: Path) -> dict:

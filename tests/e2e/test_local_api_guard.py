@@ -12,8 +12,7 @@ pytest.importorskip("llama_cpp")
 pytest.importorskip("torch")
 httpx = pytest.importorskip("httpx")
 
-from cli_harness import Proc, verifier, wait_http  # noqa: E402
-from conftest import free_port  # noqa: E402
+from cli_harness import edge_serve, verifier  # noqa: E402
 
 pytestmark = pytest.mark.slow
 BODY = {"model": "acespec", "prompt": "def add(a, b):", "max_tokens": 4, "temperature": 0}
@@ -23,19 +22,12 @@ BODY = {"model": "acespec", "prompt": "def add(a, b):", "max_tokens": 4, "temper
 def stack(tiny_pair, tiny_hf_dir):
     """cloud serve (demo target) + edge serve --api-key KEY --allow-origin http://ok.test."""
     cloud, addr = verifier("--model", str(tiny_hf_dir))
-    port = free_port()
-    edge = Proc("edge", "serve", "--cloud", addr, "--port", str(port), "--drafter",
-                str(tiny_pair[2]["q8_0"]), "--api-key", "KEY", "--allow-origin",
-                "http://ok.test", "--max-body-bytes", "65536")
-    try:
-        edge.wait_for(r"acespec edge listening")
-        wait_http(f"http://127.0.0.1:{port}/health")
-        yield f"http://127.0.0.1:{port}", addr
-    finally:
-        edge.stop(timeout=20)
-        edge.__exit__()
+    with cloud:
+        with edge_serve(addr, "--drafter", str(tiny_pair[2]["q8_0"]), "--api-key", "KEY",
+                        "--allow-origin", "http://ok.test", "--max-body-bytes",
+                        "65536") as (url, _):
+            yield url, addr
         cloud.stop()
-        cloud.__exit__()
 
 
 def _post(url, body=None, key="KEY", **kw):
@@ -139,11 +131,6 @@ def test_forged_role_is_400(stack):
 
 def test_ngram_drafter_serves(stack, tiny_hf_dir):
     _, addr = stack
-    port = free_port()
-    with Proc("edge", "serve", "--cloud", addr, "--port", str(port), "--drafter", "ngram",
-              "--tokenizer", str(tiny_hf_dir)) as edge:
-        edge.wait_for(r"acespec edge listening")
-        wait_http(f"http://127.0.0.1:{port}/health")
-        r = _post(f"http://127.0.0.1:{port}", key=None)
+    with edge_serve(addr, "--drafter", "ngram", "--tokenizer", str(tiny_hf_dir)) as (url, _):
+        r = _post(url, key=None)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
-        edge.stop(timeout=20)

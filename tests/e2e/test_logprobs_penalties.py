@@ -18,16 +18,12 @@ pytest.importorskip("llama_cpp")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from api_stack import api_servers  # noqa: E402
+import api_stack  # noqa: E402
 
 from conftest import stdlib_texts  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def servers(tiny_pair, tiny_hf_dir):
-    yield from api_servers(tiny_pair, tiny_hf_dir)
+servers = api_stack.servers  # the stack's fixture
 
 TOL = 2e-4  # the verifier's batched tree passes against one plain forward, float32
 PROMPT = "def parse(text):\n"

@@ -18,16 +18,12 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-from api_stack import api_servers  # noqa: E402
+import api_stack  # noqa: E402
 
 from conftest import stdlib_texts  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def servers(tiny_pair, tiny_hf_dir):
-    yield from api_servers(tiny_pair, tiny_hf_dir)
+servers = api_stack.servers  # the stack's fixture
 
 SCHEMA = {"type": "object", "additionalProperties": False,
           "required": ["name", "age", "tags"],

@@ -17,6 +17,7 @@ import pytest
 
 from cli_harness import Proc, acespec, verifier
 from conftest import free_port
+from process_guard import alive, children
 
 pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
@@ -159,9 +160,9 @@ def test_torchrun_starts_the_ranks_and_sigterm_stops_them_all(reference):
         run.send_signal(signal.SIGTERM)  # torchrun forwards it; rank 0 drains, then stops all
         run.wait(30)
         deadline = time.monotonic() + 15
-        while _ranks_of(run.pid) and time.monotonic() < deadline:
+        while children(run.pid) and time.monotonic() < deadline:  # torchrun's ranks
             time.sleep(0.2)
-        assert not _ranks_of(run.pid)
+        assert not children(run.pid)
     finally:
         if run.poll() is None:
             run.kill()
@@ -201,29 +202,7 @@ def watch_health(addr: str):
 
 def _ranks_alive(proc: Proc) -> bool:
     m = re.search(r"pids ([\d, ]+)\)", proc.stderr)
-    return any(_alive(int(p)) for p in m.group(1).split(", ")) if m else False
-
-
-def _ranks_of(parent: int) -> list[int]:
-    """Live processes whose parent is `parent` (torchrun's ranks)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == parent and fields[0] != "Z":
-                found.append(int(d.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    return any(alive(int(p)) for p in m.group(1).split(", ")) if m else False
 
 
 @pytest.mark.slow

@@ -12,12 +12,12 @@ import re
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from cli_harness import Proc
 from conftest import free_port
+from process_guard import alive
 
 pytest.importorskip("torch")
 grpc = pytest.importorskip("grpc")
@@ -109,14 +109,6 @@ def _idle_session(stub, vocab_hash: str, prompt: list[int], hold: queue.Queue):
     return stub.Session(uplink())
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.slow
 def test_a_stopped_rank_is_found_by_its_heartbeat_and_the_server_exits_1():
     tok = Tokenizer.load(DEMO_TARGET)
@@ -168,13 +160,13 @@ def test_a_stopped_rank_is_found_by_its_heartbeat_and_the_server_exits_1():
         assert err.strip().splitlines()[-1] == (
             f"acespec cloud serve: error: tensor parallelism lost: rank 1 stopped answering "
             f"(no heartbeat for {said[0]} s); the verifier stopped")
-        assert not _alive(worker)  # rank 0 killed the stopped rank on its way out
+        assert not alive(worker)  # rank 0 killed the stopped rank on its way out
         print(f"NOT_SERVING {unhealthy - stopped:.1f} s and exit {exited - stopped:.1f} s "
               f"after SIGSTOP; rank 1 silent {said[0]} s when found")
     finally:
         hold.put(None)
         if ch is not None:
             ch.close()
-        if worker is not None and _alive(worker):
+        if worker is not None and alive(worker):
             os.kill(worker, signal.SIGCONT)
             os.kill(worker, signal.SIGKILL)

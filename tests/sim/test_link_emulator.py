@@ -88,6 +88,15 @@ async def _echo_server():
     return server, server.sockets[0].getsockname()[1]
 
 
+async def _echo_time(r, w, data: bytes) -> float:
+    """Seconds from writing `data` to an echo server to reading all of it back."""
+    t0 = time.perf_counter()
+    w.write(data)
+    await w.drain()
+    await r.readexactly(len(data))
+    return time.perf_counter() - t0
+
+
 def test_proxy_rtt_and_throughput_match_the_link():
     """200 kbit/s each way, 100 ms RTT. A 1-byte ping must take 100 ms (+-30 ms); 25,000
     bytes one way must take 25000*8/200e3 = 1.0 s plus 50 ms (+-15 %)."""
@@ -96,17 +105,9 @@ def test_proxy_rtt_and_throughput_match_the_link():
         proxy = LinkProxy("127.0.0.1", port, spec=LinkSpec(200e3, 200e3, 0.1))
         pport = await proxy.start()
         r, w = await asyncio.open_connection("127.0.0.1", pport)
-        t0 = time.perf_counter()
-        w.write(b"x")
-        await w.drain()
-        await r.readexactly(1)
-        rtt = time.perf_counter() - t0
+        rtt = await _echo_time(r, w, b"x")
         payload = b"y" * 25_000
-        t0 = time.perf_counter()
-        w.write(payload)
-        await w.drain()
-        await r.readexactly(len(payload))  # echoed back: both directions serialise
-        transfer = time.perf_counter() - t0
+        transfer = await _echo_time(r, w, payload)  # echoed back: both directions serialise
         w.close()
         await proxy.stop()
         server.close()
@@ -180,11 +181,7 @@ def test_sim_link_process_forwards_and_reports(tmp_path):
         line = await asyncio.to_thread(proc.stdout.readline)
         assert "acespec link" in line
         r, w = await asyncio.open_connection("127.0.0.1", lport)
-        t0 = time.perf_counter()
-        w.write(b"ping")
-        await w.drain()
-        await r.readexactly(4)
-        rtt = time.perf_counter() - t0
+        rtt = await _echo_time(r, w, b"ping")
         w.close()
         proc.send_signal(signal.SIGTERM)
         out = await asyncio.to_thread(proc.communicate, timeout=10)
