@@ -14,6 +14,7 @@ from acespec.argtypes import OneLineErrors, command, dispatch, number
 from acespec.cloud.cli import add_parser as add_cloud
 from acespec.edge.cli import add_parser as add_edge
 from acespec.models import DEMO_DIR, DEMO_TARGET
+from acespec.shared import modes
 from acespec.sim.bench_cli import add_bench_parser
 from acespec.sim.cli import add_parser as add_sim
 
@@ -49,7 +50,9 @@ def _add_demo(sub) -> None:
     pairs.add_model_flags(d, "target HF folder (instead of a --pair)",
                           "drafter GGUF (with --model)",
                           note=" (default here: smollm2, unless --model/--drafter are given)")
-    d.add_argument("--modes", default="acespec,ar", help="first is streamed (default: %(default)s)")
+    d.add_argument("--modes", default=f"{modes.EDGE_DEFAULT},ar",
+                   help="comma-separated, the first streamed; with a mode that has a gap "
+                   "drafter the verifier runs one (--drafter's file) (default: %(default)s)")
     d.set_defaults(func=command(_demo, "run"))
 
 

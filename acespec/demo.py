@@ -23,6 +23,7 @@ from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
 from acespec.edge.session import EdgeEngine, EngineConfig
 from acespec.edge.text import StreamDecoder, TextCodec
 from acespec.procs import free_port, python_module, wait_port
+from acespec.shared import modes
 from acespec.shared.tokenizer import ModelFileError
 from acespec.sim.bench import parse_links
 
@@ -70,6 +71,7 @@ class Children:
 def run(args) -> int:
     try:
         (label, spec), = parse_links(args.link)
+        modes.check(args.modes.split(","), who="acespec demo")
         if args.pair is None and args.model == args._pair_defaults["model"] \
                 and args.drafter == args._pair_defaults["drafter"]:
             args.pair = DEFAULT_PAIR  # no files named: the real pair
@@ -95,6 +97,8 @@ def run(args) -> int:
                 serve += ["--model", args.model]
             if args.emulate_step_ms not in ("0", ""):
                 serve += ["--emulate-step-ms", args.emulate_step_ms]
+            if any(modes.mode(m).gap for m in args.modes.split(",")):
+                serve += ["--gap-drafter", args.drafter]  # hybrid drafting
             print(f"[demo] verifier on :{cloud}", file=sys.stderr, flush=True)
             v = kids.start("verifier", serve, logs / "cloud.log")
             rate, _, rtt = args.link.partition(":")
@@ -129,7 +133,8 @@ async def _generate(args, addr: str) -> dict:
     figures = {}
     try:
         for i, mode in enumerate(args.modes.split(",")):
-            engine = EdgeEngine(lambda: ch, codec.vocab_hash, None if mode == "ar" else drafter,
+            engine = EdgeEngine(lambda: ch, codec.vocab_hash,
+                                drafter if modes.mode(mode).edge_drafts else None,
                                 owns_channels=False)
             cfg = EngineConfig(mode=mode, max_tokens=args.max_tokens, adaptive=mode != "ar",
                                stop_ids=codec.stop_ids)

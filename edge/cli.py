@@ -113,7 +113,7 @@ def _drafting_options(p, cloud_help: str, drafter_help: str) -> None:
     pairs.add_argument(p, drafter="drafter")
     p.add_argument("--tokenizer", default=str(DEMO_TARGET),
                    help="tokenizer.json or its folder, used with --drafter ngram")
-    _add_engine_args(p, "acespec")
+    _add_engine_args(p, modes.EDGE_DEFAULT)
 
 
 def _verifier_credentials(p) -> None:

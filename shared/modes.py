@@ -68,8 +68,9 @@ MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("acespec-chain", "edge", "verifier",
          help="acespec with no guessed branches: the tree is one drafted line"),
     Mode("acespec-gap", "both", "verifier", branches=True, gap=True,
-         help="acespec, and the verifier's gap drafter proposes where no edge draft covers "
-              "(hybrid drafting; needs a verifier with --gap-drafter)"),
+         help="acespec, and the verifier's gap drafter, where it runs one (cloud serve "
+              "--gap-drafter), proposes where no edge draft covers: hybrid drafting; against "
+              "a verifier without one it is acespec"),
     Mode("acespec-local", "edge", "verifier", branches=True, offline="local",
          help="acespec that answers from the drafter, flagged unverified, while the "
               "verifier is unreachable"),
@@ -83,6 +84,9 @@ MODES: dict[str, Mode] = {m.name: m for m in (
          help="the verifier speculates by prompt lookup alone, the edge drafts nothing"),
 )}
 NAMES = tuple(MODES)
+# The edge's default: hybrid drafting measures as fast as acespec greedy and faster sampling
+# (docs/benchmarks.md §1.2), and is acespec where the verifier runs no gap drafter.
+EDGE_DEFAULT = "acespec-gap"
 BENCH_DEFAULT = ("ar", "sd", "pipeline", "acespec")  # `acespec bench run`'s modes
 # `bench load` runs the modes the verifier decides, and cloud-only decoding
 LOAD = tuple(n for n, m in MODES.items() if m.offline == "wait"

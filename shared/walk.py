@@ -5,7 +5,7 @@ At a node n whose next-token distribution p~ has arrived, the next token t is de
   * n has a drafted child x (drawn from q): accept with prob min(1, p~(x)/q(x)); on rejection
     t is the *recovered* token, drawn from (p~ - q)+ by the envelope scheme below;
   * n has no drafted child: t is the *bonus* token, drawn from p~.
-Then, if n has a scored child with token t (the drafted child, or a branch the state cache
+Then, if n has a scored child with token t (the drafted child, or a branch the speculation tree
 guessed), the walk moves into it and continues; guessed branch tokens are never tested with
 p/q, so a wrong guess costs bytes, never exactness. Greedy: t = argmax p~.
 

@@ -36,7 +36,7 @@ def test_demo_prints_both_modes_and_cleans_up(tiny_hf_dir, tiny_pair):
     p = subprocess.run(_demo(tiny_hf_dir, gguf, "--max-tokens", "16"), capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert "| figure | acespec | ar |" in p.stdout and "acespec / ar:" in p.stdout
+    assert "| figure | acespec-gap | ar |" in p.stdout and "acespec-gap / ar:" in p.stdout
     assert "| None | None |" not in p.stdout  # a figure neither mode measured has no row
     pids = [int(x) for x in re.findall(r"started the .*? \(pid (\d+)", p.stderr)]
     assert len(pids) == 2 and not any(_alive(x) for x in pids)

@@ -33,15 +33,15 @@ def test_a_gap_drafter_proposes_in_lone_passes_and_changes_no_token():
     cloud, addr = verifier("--gap-drafter", str(DEMO_DRAFTER), "--metrics-port", str(mport))
     with cloud:
         runs = {mode: generate_json(addr, PROMPT, "--mode", mode, "--max-tokens", "48")
-                for mode in ("ar", "acespec")}
+                for mode in ("ar", "acespec-gap")}
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10
                                          ).read().decode()
         cloud.stop()
         log = cloud.stderr
     assert "gap drafter drafter-q8_0.gguf" in log
-    assert runs["ar"]["token_ids"] == runs["acespec"]["token_ids"]
+    assert runs["ar"]["token_ids"] == runs["acespec-gap"]["token_ids"]
     assert len(runs["ar"]["token_ids"]) == 48
-    st = runs["acespec"]["stats"]
+    st = runs["acespec-gap"]["stats"]
     assert st["verifier_proposed"] > 0 and st["gap_s"] > 0, st
     assert st["lone_tokens"] > st["lone_passes"]  # lone passes decide more than one token
     # Where the drafter does not pay, prompt lookup proposes instead (source="lookup").
