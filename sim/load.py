@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -284,12 +285,10 @@ def markdown(runs: list[dict], keys: tuple[str, ...] = KEYS) -> str:
 def plot_frontier(runs: list[dict], folder: str) -> str:
     """The frontier: aggregate tokens/s against per-client p10 tokens/s, one line per mode
     (each point a client count). Returns the PNG's path."""
-    from pathlib import Path
-
     import matplotlib  # lazy: the sim extra's, for this plot only
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: as matplotlib, once its backend is set
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)

@@ -62,10 +62,11 @@ PREFILL_MIN = 16  # ... but always carries this many prompt tokens
 PREFILL_ALONE_S = 0.25  # with no other session decoding, a prefill pass's most seconds
 RECENT_S = 1.0  # a sequence scored this recently counts as decoding: a prefill yields to it
 GATHER_S = 0.01  # after a pass, wait for the sequences that come straight back (a decided
-# session's next pass) up to this long, or GATHER_SHARE of the pass if that is longer, so
-# the next pass holds them too instead of running without them and making them wait a whole
-# pass: the sessions that were in a pass must not split into cohorts that take turns
-GATHER_SHARE = 0.5
+# session's next pass) while they keep coming, each within this long of the one before, up
+# to GATHER_SHARE of the pass, so the next pass holds them too instead of running without
+# them and making them wait a whole pass: the sessions that were in a pass must not split
+# into cohorts that take turns
+GATHER_SHARE = 1.0
 GAP_DECAY = 0.8  # per request: a sequence's gap between its result and its next request
 SHARING_DECAY = 0.9  # per pass: the sessions sharing the device, over the last ~10 passes
 
@@ -169,7 +170,8 @@ class Batcher:
             back = None  # nor hold the sequences while idle
 
     async def _gather(self, back: set[KVCache], wait_s: float) -> None:
-        """Wait (up to wait_s) until the sequences in `back` have queued again."""
+        """Wait until the sequences in `back` have queued again, while requests keep
+        arriving (each within GATHER_S of the last), for wait_s at most."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while back - {j.key for j in self._jobs}:
@@ -178,8 +180,8 @@ class Batcher:
                 return
             self._arrived.clear()
             try:
-                await asyncio.wait_for(self._arrived.wait(), left)
-            except TimeoutError:
+                await asyncio.wait_for(self._arrived.wait(), min(left, GATHER_S))
+            except TimeoutError:  # none came for GATHER_S: the rest are not coming soon
                 return
 
     def _plan(self) -> list[tuple[Job, Request]]:
