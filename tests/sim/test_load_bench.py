@@ -175,3 +175,34 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
         {(m, n) for m in ("ar", "acespec", "colo") for n in (1, 2)}  # acespec-gap: not modelled
     assert all(r["predicted_per_client_tok_s_p10"] > 0 for r in result["runs"]
                if r["mode"] != "acespec-gap")
+
+
+@pytest.mark.slow
+def test_a_dilated_run_reads_as_the_undilated_one(tiny_pair, tiny_hf_dir, tmp_path):
+    """One client, `--dilate 1` and `--dilate 3`, from the shell: the dilated run's figures,
+    reported in undilated units, are the undilated run's within the noise of one generation
+    (the machine's own compute, which dilation does not stretch, is small against a 25 ms
+    pass and a 12 ms drafter step)."""
+    pytest.importorskip("llama_cpp")
+    _, _, ggufs = tiny_pair
+    rows = {}
+    for k in ("1", "3"):
+        out = tmp_path / f"dilate{k}.json"
+        p = subprocess.run([sys.executable, "-P", "-m", "acespec", "bench", "load", "--model",
+                            str(tiny_hf_dir), "--drafter", str(ggufs["q8_0"]), "--modes",
+                            "acespec", "--clients", "1", "--requests", "1", "--per-category",
+                            "1", "--max-tokens", "48", "--link", "200kbit:40ms",
+                            "--emulate-step-ms", "25,0.1,64", "--slo-tok-s", "1",
+                            "--dilate", k, "--out", str(out)],
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert f"--dilate {k} (figures undilated)" in p.stdout
+        (rows[k],) = json.loads(out.read_text())["runs"]
+    plain, dilated = rows["1"], rows["3"]
+    print({k: (plain[k], dilated[k]) for k in ("per_client_tok_s_p50", "passes_per_s",
+                                              "ttft_p50_s", "cpu_busy")})
+    for key in ("per_client_tok_s_p50", "passes_per_s"):
+        assert dilated[key] == pytest.approx(plain[key], rel=0.35), (key, plain, dilated)
+    assert dilated["ttft_p50_s"] == pytest.approx(plain["ttft_p50_s"], rel=0.5, abs=0.05)
+    assert dilated["requests_per_pass"] == plain["requests_per_pass"] == 1.0
+    assert 0 <= dilated["cpu_busy"] <= 1 and dilated["live_sessions"] is not None
