@@ -16,7 +16,6 @@ discrete-event model read a mode's name and behaviour from here; nothing else de
            draft covers.
 * offline  while the verifier cannot be reached: wait (a lossless pause) or local (answer
            from the drafter, every token flagged unverified).
-* rival    a way to serve that AceSpec is measured against in the benches.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ class Mode:
     branches: bool = False
     gap: bool = False
     offline: Literal["wait", "local"] = "wait"
-    rival: bool = False
     help: str = ""
 
     @property
@@ -56,7 +54,7 @@ class Mode:
 
 
 MODES: dict[str, Mode] = {m.name: m for m in (
-    Mode("ar", "none", "verifier", pipelined=False, rival=True,
+    Mode("ar", "none", "verifier", pipelined=False,
          help="cloud-only decoding: the verifier decodes alone and streams the text"),
     Mode("sd", "edge", "edge", pipelined=False,
          help="vanilla speculation: draft, send, wait for the verdicts, repeat"),
@@ -77,10 +75,10 @@ MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("acespec-exact", "edge", "edge", branches=True,
          help="acespec where the edge decides (its rejection sampling walks the scores): "
               "what acespec runs with exact sampling"),
-    Mode("colo", "verifier", "verifier", gap=True, rival=True,
+    Mode("colo", "verifier", "verifier", gap=True,
          help="co-located speculation: the verifier's own drafter beside the target, the "
               "edge drafts nothing (needs a verifier with --gap-drafter)"),
-    Mode("cloud-lookup", "verifier", "verifier", rival=True,
+    Mode("cloud-lookup", "verifier", "verifier",
          help="the verifier speculates by prompt lookup alone, the edge drafts nothing"),
 )}
 NAMES = tuple(MODES)
