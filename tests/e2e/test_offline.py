@@ -197,8 +197,9 @@ def test_serve_local_ends_on_a_flagged_unverified_tail_when_the_verifier_never_r
     assert body["usage"]["completion_tokens"] + body["usage"]["unverified_left"] == 150
 
 
-def test_local_without_a_drafter_is_a_usage_error():
-    r = acespec("edge", "generate", "x", "--mode", "ar", "--offline", "local", timeout=60)
+@pytest.mark.parametrize("mode", ["ar", "colo"])
+def test_local_without_a_drafter_is_a_usage_error(mode):
+    r = acespec("edge", "generate", "x", "--mode", mode, "--offline", "local", timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip() == ("acespec edge generate: error: --offline local answers from "
-                                "the drafter, and --mode ar has none")
+                                f"the drafter, and --mode {mode} drafts nothing at the edge")
