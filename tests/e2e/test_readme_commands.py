@@ -61,7 +61,7 @@ def test_cloud_serve_then_edge_generate(demo_verifier):
     assert len(p.stdout.strip()) > 0
     assert "[pipeline:" in p.stderr and "tok/s" in p.stderr and "RTT" in p.stderr
     q = acespec("edge", "generate", PROMPT, "--cloud", demo_verifier, "--max-tokens", "16")
-    assert q.returncode == 0 and "[acespec:" in q.stderr, q.stderr[-2000:]
+    assert q.returncode == 0 and "[acespec-gap:" in q.stderr, q.stderr[-2000:]  # the default
     assert "RTT None" not in q.stderr  # the verifier decides: no round trip is timed
     runs = {mode: generate_json(demo_verifier, PROMPT, "--mode", mode, "--max-tokens", "48")
             for mode in ("ar", "acespec")}
