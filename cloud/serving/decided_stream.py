@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import grpc
 
 from acespec.cloud.errors import FailedPrecondition
+from acespec.cloud.serving.metrics import RequestClock
 from acespec.cloud.verify.decided import DecidedSession
 from acespec.cloud.verify.engine import Engine
 from acespec.proto import acespec_pb2 as pb
@@ -47,10 +48,14 @@ class DecidedStreams:
     read_ahead: Callable[[object, asyncio.Queue], Awaitable[None]]  # (context, inbox): fills
     # the inbox with (Uplink, arrival time), then EOF or the read's exception
 
-    async def serve(self, msg: pb.Open, context, opened: list[str]) -> None:
-        """One decided session, from its Open to its end; its id goes to `opened`."""
+    async def serve(self, msg: pb.Open, context, opened: list[str],
+                    clock: RequestClock | None = None) -> None:
+        """One decided session, from its Open to its end; its id goes to `opened`, its
+        timeline to `clock`."""
+        clock = clock or RequestClock(None, "decided")
         session, opened_later = await self._open(msg, context, opened)
-        await self._loop(session, context, opened_later)
+        clock.first_token()
+        await self._loop(session, context, opened_later, clock)
 
     async def _open(self, msg: pb.Open, context, opened: list[str]
                     ) -> tuple[DecidedSession, pb.Downlink | None]:
@@ -81,7 +86,7 @@ class DecidedStreams:
         return session, None
 
     async def _loop(self, session: DecidedSession, context,
-                    opened: pb.Downlink | None = None) -> None:
+                    opened: pb.Downlink | None, clock: RequestClock) -> None:
         """The verifier decides (docs/design.md §3): pass after pass, never waiting for the link;
         Grow messages that arrived meanwhile are applied before each pass. Ends when the
         session is done (its last Decided carries the counts) or the edge half-closes.
@@ -105,12 +110,16 @@ class DecidedStreams:
                     if pending is not None:
                         await send(pending)
                     await send(self._decided(session, session.end, [], last=True))
+                    clock.finish(session.end - session.prompt_len)
                     return
+                drafts = session.counts.drafts_scored, session.counts.proposed_accepted
                 start, new = await self._pass_while_sending(session, send, pending)
+                self._count_drafts(session, *drafts)
                 pending = self._decided(session, start, new)
                 _ack(pending, session)
             if pending is not None:
                 await send(pending)
+            clock.finish(session.end - session.prompt_len)
             await self._until_half_close(inbox)
         finally:
             reader.cancel()
@@ -129,6 +138,16 @@ class DecidedStreams:
         except BaseException:
             step.cancel()
             raise
+
+    def _count_drafts(self, session: DecidedSession, scored: int, proposed_taken: int
+                      ) -> None:
+        """The edge's drafts the last pass scored and those its walk took (the walk's
+        nodes less the verifier's own proposals), from the counts before it."""
+        if self.engine.metrics:
+            c = session.counts
+            self.engine.metrics.on_edge_drafts(
+                c.drafts_scored - scored,
+                len(session.walked) - (c.proposed_accepted - proposed_taken))
 
     @staticmethod
     async def _until_half_close(inbox: asyncio.Queue, linger_s: float = 10.0) -> None:

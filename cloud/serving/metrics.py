@@ -1,12 +1,47 @@
-"""Prometheus metrics of the verifier (served as text on --metrics-port)."""
+"""Prometheus metrics of the verifier (served as text on --metrics-port).
+
+Besides the verifier's own counts (passes, nodes, proposals, shares), the figures operators
+watch on other model servers (vLLM's set is the anchor): time to first token, time per
+output token and request latency as histograms, queue wait, sessions waiting for a pass, KV
+blocks in use against what the device can hold, and acceptance by draft source. A call's
+timeline is a RequestClock; docs/deploy.md gives each metric's PromQL."""
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import torch
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
+
+from acespec.cloud import errors
 
 SESSION_LABEL = 12  # hex digits of a session id in per-session labels
+KINDS = ("decided", "edge_decided", "generate")  # the calls a verifier serves: sessions it
+# decides (greedy, coupled), sessions the edge decides (exact sampling), cloud-only Generate
+SOURCES = ("edge", "lookup", "gap")  # who drafted a scored token: the edge, the verifier's
+# prompt lookup, its gap drafter
+FATES = ("scored", "accepted")
+ERROR_CODES = tuple(sorted({c.code for c in vars(errors).values()
+                            if isinstance(c, type) and issubclass(c, errors.SessionError)}))
+
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+                0.5, 0.75, 1.0, 2.5, 5.0)
+LATENCY_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                   60.0, 120.0, 240.0, 480.0, 960.0)
+WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                5.0, 10.0)
 
 
 @dataclass
@@ -27,12 +62,26 @@ class Metrics:
     session_efficiency: object
     speculative_nodes: object
     busy_seconds: object
+    requests: object
+    prompt_tokens: object
+    generation_tokens: object
+    ttft: object
+    tpot: object
+    latency: object
+    queue_wait: object
+    sessions_waiting: object
+    draft_tokens: object
+    kv_blocks_used: object
+    kv_blocks_allocated: object
+    kv_blocks_capacity: object
+    tp_ranks: object
     _counted: dict = field(default_factory=dict)  # session id -> (accepted, wasted) counted
 
     @classmethod
     def create(cls) -> Metrics:
         r = CollectorRegistry()
-        return cls(
+        ProcessCollector(registry=r)  # process_start_time_seconds: a restart, for the alerts
+        m = cls(
             registry=r,
             sessions_opened=Counter("acespec_sessions_opened", "Sessions opened", registry=r),
             sessions_active=Gauge("acespec_sessions_active", "Sessions open now", registry=r),
@@ -66,7 +115,78 @@ class Metrics:
             busy_seconds=Counter("acespec_busy_seconds", "Seconds the target's device was "
                                  "busy, by work: pass (the target's passes) or draft (the "
                                  "gap drafter's batched steps)", ["work"], registry=r),
+            requests=Counter("acespec_requests", "Calls started, by kind (decided, "
+                             "edge_decided, generate)", ["kind"], registry=r),
+            prompt_tokens=Counter("acespec_prompt_tokens", "Prompt tokens of the calls "
+                                  "started", ["kind"], registry=r),
+            generation_tokens=Counter("acespec_generation_tokens", "Output tokens of the "
+                                      "calls finished (an edge-decided session's: its "
+                                      "committed tokens)", ["kind"], registry=r),
+            ttft=Histogram("acespec_time_to_first_token_seconds", "From a call's request to "
+                           "its first token on the wire (an edge-decided session: the root's "
+                           "distribution)", ["kind"], buckets=TTFT_BUCKETS, registry=r),
+            tpot=Histogram("acespec_time_per_output_token_seconds", "A finished call's time "
+                           "after its first token per further output token", ["kind"],
+                           buckets=TPOT_BUCKETS, registry=r),
+            latency=Histogram("acespec_request_latency_seconds", "A finished call's time from "
+                              "its request to its last token", ["kind"],
+                              buckets=LATENCY_BUCKETS, registry=r),
+            queue_wait=Histogram("acespec_queue_wait_seconds", "How long a request to the "
+                                 "target waited before the pass that starts scoring it",
+                                 buckets=WAIT_BUCKETS, registry=r),
+            sessions_waiting=Gauge("acespec_sessions_waiting", "Sequences with a request "
+                                   "queued that no pass has started", registry=r),
+            draft_tokens=Counter("acespec_draft_tokens", "Speculated tokens scored and "
+                                 "accepted, by source: edge (the edge's drafts; in "
+                                 "edge-decided sessions, nodes scored and committed), "
+                                 "lookup and gap (the verifier's own proposals)",
+                                 ["source", "fate"], registry=r),
+            kv_blocks_used=Gauge("acespec_kv_blocks_used", "KV-cache blocks holding "
+                                 "sequences", registry=r),
+            kv_blocks_allocated=Gauge("acespec_kv_blocks_allocated", "KV-cache blocks the "
+                                      "paged pool holds now (it grows by doubling)",
+                                      registry=r),
+            kv_blocks_capacity=Gauge("acespec_kv_blocks_capacity", "The most KV-cache "
+                                     "blocks the pool can hold: its own and what the "
+                                     "device's free memory fits", registry=r),
+            tp_ranks=Gauge("acespec_tp_ranks", "Ranks in the tensor-parallel group (1: one "
+                           "device)", registry=r),
         )
+        m._initialize()
+        return m
+
+    def _initialize(self) -> None:
+        """Every labelled series at 0, so rates and ratios have data before the first
+        event (an error code never seen is a rate of 0, not a missing series)."""
+        for code in ERROR_CODES:
+            self.errors.labels(code)
+        for kind in KINDS:
+            for metric in (self.requests, self.prompt_tokens, self.generation_tokens,
+                           self.ttft, self.tpot, self.latency):
+                metric.labels(kind)
+        for fate in FATES:
+            for source in SOURCES:
+                self.draft_tokens.labels(source, fate)
+            for source in SOURCES[1:]:
+                self.proposals.labels(source, fate)
+        for direction in ("up", "down"):
+            self.message_bytes.labels(direction)
+        for work in ("pass", "draft"):
+            self.busy_seconds.labels(work)
+        for fate in ("accepted", "wasted"):
+            self.speculative_nodes.labels(fate)
+        self.tp_ranks.set(1)
+
+    def watch(self, engine) -> None:
+        """Read the engine's queue and KV pool at each scrape
+        (acespec.cloud.verify.engine.Engine)."""
+        model, batcher = engine.model, engine.batcher
+        self.sessions_waiting.set_function(lambda: batcher.waiting)
+        pool = model.pool  # made now, on the serving thread, not by a scrape
+        self.kv_blocks_allocated.set_function(lambda: pool.n_blocks)
+        self.kv_blocks_used.set_function(lambda: pool.n_blocks - len(pool.free_blocks))
+        self.kv_blocks_capacity.set_function(lambda: pool.n_blocks + _free_bytes(pool.k[0])
+                                             // _block_bytes(pool))
 
     def on_draft(self, seconds: float) -> None:
         self.busy_seconds.labels("draft").inc(seconds)
@@ -96,8 +216,15 @@ class Metrics:
         if scored:
             self.proposals.labels(source, "scored").inc(scored)
             self.proposals.labels(source, "accepted").inc(accepted)
+            self.draft_tokens.labels(source, "scored").inc(scored)
+            self.draft_tokens.labels(source, "accepted").inc(accepted)
         if gap_s:
             self.gap_seconds.inc(gap_s)
+
+    def on_edge_drafts(self, scored: int, accepted: int) -> None:
+        """The edge's drafts a pass scored, and those a walk or a commit took."""
+        self.draft_tokens.labels("edge", "scored").inc(max(0, scored))
+        self.draft_tokens.labels("edge", "accepted").inc(max(0, accepted))
 
     def on_pass(self, stats) -> None:
         self.passes.inc()
@@ -105,8 +232,67 @@ class Metrics:
         self.nodes_scored.inc(stats.nodes)
         self.batch_nodes.observe(stats.nodes)
         self.batch_sessions.observe(stats.sessions)
+        for wait in stats.waits:
+            self.queue_wait.observe(wait)
 
     def serve(self, port: int, host: str = "0.0.0.0"):
         """Start the HTTP exporter in a thread; returns (server, bound port)."""
         server, thread = start_http_server(port, addr=host, registry=self.registry)
         return server, server.server_port
+
+
+class RequestClock:
+    """One call's timeline, for the latency histograms: started at its request; its first
+    token; its end. Counts nothing when the verifier keeps no metrics (None)."""
+
+    def __init__(self, metrics: Metrics | None, kind: str, prompt_tokens: int = 0):
+        self.metrics, self.kind = metrics, kind
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        if metrics:
+            metrics.requests.labels(kind).inc()
+            metrics.prompt_tokens.labels(kind).inc(prompt_tokens)
+
+    def first_token(self) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
+            if self.metrics:
+                self.metrics.ttft.labels(self.kind).observe(self.first - self.start)
+
+    def finish(self, tokens: int) -> None:
+        """The call ended as asked, with `tokens` output tokens."""
+        if not self.metrics:
+            return
+        now = time.perf_counter()
+        self.metrics.latency.labels(self.kind).observe(now - self.start)
+        self.metrics.generation_tokens.labels(self.kind).inc(tokens)
+        if self.first is not None and tokens > 1:
+            self.metrics.tpot.labels(self.kind).observe((now - self.first) / (tokens - 1))
+
+
+def _block_bytes(pool) -> int:
+    """Bytes one block takes in every layer's k and v (acespec.cloud.target.kv_cache.PagePool)."""
+    return sum(t[0].numel() * t.element_size() for t in (*pool.k, *pool.v))
+
+
+def _free_bytes(tensor: torch.Tensor) -> int:
+    """Memory free for the pool to grow into, on the device that holds `tensor`: a CUDA
+    device's free memory; on the CPU the host's available memory, within a cgroup's limit."""
+    if tensor.device.type == "cuda":
+        return torch.cuda.mem_get_info(tensor.device)[0]
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    limit = Path("/sys/fs/cgroup/memory.max")  # cgroup v2: a container's memory limit
+    try:
+        most = limit.read_text().strip()
+        if most.isdigit():
+            used = int((limit.parent / "memory.current").read_text())
+            free = min(free, max(0, int(most) - used))
+    except OSError:
+        pass
+    return free

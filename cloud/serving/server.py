@@ -109,6 +109,7 @@ def _load_sharded(cfg: ServerConfig, path: Path, topo, metrics, on_failure):
                 topo.world, "gloo" if model.device.type == "cpu" else "nccl")
     if metrics:
         metrics.allreduce_bytes.set_function(lambda: model.tp.reduce.bytes)
+        metrics.tp_ranks.set(topo.world)
     return model
 
 

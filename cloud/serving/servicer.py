@@ -22,6 +22,7 @@ from acespec.cloud.errors import (
     Unavailable,
 )
 from acespec.cloud.serving.decided_stream import INBOX, DecidedStreams
+from acespec.cloud.serving.metrics import RequestClock
 from acespec.cloud.verify.engine import Engine
 from acespec.proto import acespec_pb2 as pb
 from acespec.proto import acespec_pb2_grpc as pb_grpc
@@ -66,6 +67,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.draining = False  # the server is stopping: sessions get its grace period
         self._lost: asyncio.Future | None = None  # done with that reason
         self.decided = DecidedStreams(engine, default_params, self._write, self._read_ahead)
+        if engine.metrics:
+            engine.metrics.watch(engine)
 
     def fail_all(self, reason: str) -> None:
         """No pass can run any more (a tensor-parallel rank was lost): sessions waiting for
@@ -191,11 +194,16 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         if first.WhichOneof("msg") != "open":
             raise FailedPrecondition(f"{first.WhichOneof('msg') or 'empty message'} "
                                      "before Open: the first message must be Open")
+        prompt = len(first.open.prompt_tokens)
         if first.open.HasField("decide"):
-            await self.decided.serve(first.open, context, opened)
+            clock = RequestClock(self.engine.metrics, "decided", prompt)
+            await self.decided.serve(first.open, context, opened, clock)
             return
+        clock = RequestClock(self.engine.metrics, "edge_decided", prompt)
         session = await self._open(first.open, context, opened)
+        clock.first_token()  # the root's distribution: the edge may sample it
         await self._loop(session, context)
+        clock.finish(session.share.total_accepted)  # its committed tokens
 
     async def _open(self, msg: pb.Open, context, opened: list[str]):
         self.engine.check_handshake(msg.protocol_version, msg.vocab_hash)
@@ -240,7 +248,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                             held = nxt
                     await self._extend(session, group, context)
                 elif kind == "commit":
-                    session.commit(msg.commit.node_id)
+                    self._commit(session, msg.commit.node_id)
                 elif kind == "more_tail":
                     node_id, n = check_more_tail(msg.more_tail)
                     ids, units = session.more_tail(node_id, n)
@@ -255,6 +263,13 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                     raise InvalidArgument("empty Uplink message (no field of the oneof is set)")
         finally:
             reader.cancel()
+
+    def _commit(self, session, node_id: int) -> None:
+        """Re-root an edge-decided session at node_id; the nodes it commits were taken."""
+        before = session.share.total_accepted
+        session.commit(node_id)
+        if self.engine.metrics:
+            self.engine.metrics.on_edge_drafts(0, session.share.total_accepted - before)
 
     async def _read_ahead(self, context, inbox: asyncio.Queue) -> None:
         while True:
@@ -272,14 +287,17 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         (stamped with the time each Extend spent here)."""
         first = group[0][0].extend
         if first.HasField("commit"):
-            session.commit(first.commit)
+            self._commit(session, first.commit)
         batches, next_id = [], session.next_id
         for m, _ in group:
             nodes = decode_extend(m.extend, next_id)
             batches.append((nodes.first_id, nodes.tokens, nodes.parents))
             next_id += len(nodes.tokens)
         greedy = session.params.sampling.decided  # one decided id per node
-        for scores, (_, arrived) in zip(await self.engine.extend_many(session, batches), group):
+        scored = await self.engine.extend_many(session, batches)
+        if self.engine.metrics:
+            self.engine.metrics.on_edge_drafts(sum(len(t) for _, t, _ in batches), 0)
+        for scores, (_, arrived) in zip(scored, group):
             msg = encode_scores(scores, greedy)
             msg.server_time = min(2**32 - 1, round((time.perf_counter() - arrived) * 1e4))
             await self._write(context, pb.Downlink(scores=msg))
@@ -305,12 +323,14 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             if self.lost:
                 raise Unavailable(self.lost)
             self._count("up", request)
+            clock = RequestClock(self.engine.metrics, "generate", len(request.prompt_tokens))
             self.engine.check_handshake(request.protocol_version, request.vocab_hash)
             params = decode_serve_params(request.sampling, self.default_params)
             asked = check_top_logprobs(request.logprobs, request.top_logprobs,
                                        "GenerateRequest")
             if request.prompt_logprobs:
                 if await self._prompt_logprobs(request, context):
+                    clock.finish(0)
                     return
             tokens = self.engine.generate(list(request.prompt_tokens), params, request.seed,
                                           request.max_tokens, list(request.stop_tokens),
@@ -323,7 +343,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                     if lp is not None:
                         chunk.logprobs.CopyFrom(encode_logprobs([lp]))
                     await self._write(context, chunk)
+                    clock.first_token()
             await self._write(context, pb.GenerateChunk(done=True, passes=count))
+            clock.finish(count)
         except asyncio.CancelledError:
             if self.draining:
                 log.warning("Generate cut: the shutdown's grace period ended")

@@ -55,6 +55,7 @@ class PassStats:
     nodes: int
     seconds: float
     prefill: int = 0  # of the nodes, prompt tokens (chunks of prefills)
+    waits: tuple[float, ...] = ()  # seconds each request this pass starts had waited
 
 
 PREFILL_SLACK = 0.25  # a prefill chunk may make a pass with other sessions this much longer
@@ -82,6 +83,7 @@ class Job:
     start: int = -1  # the sequence's KV length before the first chunk (-1: none yet)
     done: int = 0  # nodes scored so far
     rows: list = field(default_factory=list)  # logits of the chunks so far
+    queued: float = field(default_factory=time.perf_counter)  # when score() got it
 
     @property
     def key(self) -> KVCache:
@@ -287,6 +289,7 @@ class Batcher:
         chunks = [chunk for _, chunk in plan]
         nodes = sum(len(c.tokens) for c in chunks)
         t0 = time.perf_counter()
+        waits = tuple(t0 - job.queued for job, _ in plan if job.done == 0)
         try:
             results = self.model.forward_batch(chunks)
         except Unavailable as e:  # no pass can run (a lost rank): every request fails alike
@@ -319,7 +322,13 @@ class Batcher:
             plan[i] = (job, res)
         prefill = sum(len(c.tokens) for c in chunks if c.last_only)
         if self.on_pass:
-            self.on_pass(PassStats(len(chunks), nodes, seconds, prefill))
+            self.on_pass(PassStats(len(chunks), nodes, seconds, prefill, waits))
+
+    @property
+    def waiting(self) -> int:
+        """Sequences with a request queued that no pass has started (read by the
+        metrics' thread)."""
+        return len({j.key for j in list(self._jobs) if j.start < 0})
 
     @property
     def executor(self) -> ThreadPoolExecutor:
