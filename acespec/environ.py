@@ -12,3 +12,10 @@ def cache_dir() -> Path:
     """Where fetched and converted models live: $ACESPEC_CACHE_DIR, else ~/.cache/acespec."""
     value = os.environ.get(CACHE_DIR_VAR, "").strip()
     return Path(value).expanduser() if value else Path.home() / ".cache" / "acespec"
+
+
+def config_dir() -> Path:
+    """The user's settings folder: $XDG_CONFIG_HOME when it is an absolute path (the XDG
+    base-directory rule: a relative one is ignored), else ~/.config."""
+    value = os.environ.get("XDG_CONFIG_HOME", "").strip()
+    return Path(value) if value and Path(value).is_absolute() else Path.home() / ".config"

@@ -1,11 +1,16 @@
-"""`acespec edge generate` (one prompt against a remote verifier, to stdout) and `acespec edge
-serve` (the local OpenAI-compatible API): their flags. They run in acespec.edge.commands,
-imported when one runs (the engine, grpc and llama.cpp; `acespec --help` needs none)."""
+"""`acespec edge generate` (one prompt against a remote verifier, to stdout), `acespec edge
+serve` (the local OpenAI-compatible API), `edge config` (the settings serve runs with),
+`edge doctor` (checks the verifier) and `edge service` (serve at login): their flags, whose
+starting values come from the settings file (acespec.edge.config). generate and serve run in
+acespec.edge.commands, doctor and service in their own modules, each imported when it runs
+(the engine, grpc and llama.cpp; `acespec --help` needs none)."""
 
 from __future__ import annotations
 
 from acespec import pairs
-from acespec.argtypes import command, command_group, draft_ms, number
+from acespec.argtypes import command, draft_ms, number
+from acespec.edge import config
+from acespec.edge.config import SettingsParser
 from acespec.models import DEMO_DRAFTER, DEMO_TARGET
 from acespec.shared import modes
 
@@ -18,7 +23,10 @@ U32 = 2**32 - 1  # ... and top_k a uint32
 
 
 def add_parser(sub) -> None:
-    esub = command_group(sub, "edge", "the edge: drafter + engine talking to a cloud verifier")
+    edge = sub.add_parser("edge", help="the edge: drafter + engine talking to a cloud verifier")
+    # each command reads the settings file (acespec.edge.config) for its flags' starting values
+    esub = edge.add_subparsers(dest="edge_cmd", required=True, metavar="COMMAND",
+                               parser_class=SettingsParser)
     g = esub.add_parser(
         "generate", help="stream a continuation of PROMPT, drafting locally, verified remotely",
         description="Speculative decoding against a cloud verifier: the llama.cpp drafter "
@@ -50,12 +58,57 @@ def add_parser(sub) -> None:
     g.add_argument("--chat-template", metavar="FILE",
                    help="with --chat: Jinja chat template (messages, add_generation_prompt, "
                    "bos_token, eos_token) instead of the drafter GGUF's")
+    _config_flag(g)
     g.set_defaults(func=command(_commands, "run_generate"))
     sv = esub.add_parser(
         "serve", help="a local OpenAI-compatible server (completions, chat, SSE streaming)",
         description="Serve /v1/completions, /v1/chat/completions (when the drafter's GGUF has a "
         "chat template), /v1/models, /health and /metrics on a local port; generation is "
         "drafted here and verified by the cloud verifier.")
+    _serve_flags(sv)
+    sv.set_defaults(func=command(_commands, "run_serve"))
+    cf = esub.add_parser(
+        "config", help="print the settings edge serve runs with, and where each comes from",
+        description="Print every setting of `acespec edge serve` as it would run with these "
+        "flags and the settings file: its value and where it comes from (a flag, the file, "
+        "or the flag's default), in the file's own syntax; secrets are redacted. The file's "
+        "keys are the long flags of edge serve, generate and doctor (cloud, pair, drafter, "
+        "tokenizer, auth-token-file, tls-ca, api-key, offline, host, port, ...).")
+    _serve_flags(cf)
+    cf.set_defaults(func=config.run_show)
+    dr = esub.add_parser(
+        "doctor", help="check the verifier: reachable, key, TLS, the drafter's vocabulary",
+        description="Reach the verifier with the settings edge serve would use (the file "
+        "and these flags), check that it accepts the key and the TLS root and that the "
+        "drafter's vocabulary is the target's, measure the round trip, and say what it "
+        "found. Exit status 0 when every check passes, 1 when one fails.")
+    _model_options(dr, "verifier HOST:PORT (default: %(default)s)",
+                   "drafter GGUF, or 'ngram' (default: the demo drafter)")
+    _verifier_credentials(dr)
+    dr.add_argument("--timeout", type=number(float, 0.0, lo_open=True), default=10.0,
+                    metavar="S", help="give up on the verifier after S seconds per check "
+                    "(default: %(default)s)")
+    _config_flag(dr)
+    dr.set_defaults(func=command(_doctor, "run"))
+    sc = esub.add_parser(
+        "service", help="start edge serve at login: a systemd user unit or a launchd agent",
+        description="install: write a systemd user unit (Linux) or a launchd agent "
+        "(macOS) that runs `acespec edge serve --config FILE` at login and restarts it when "
+        "it fails, then enable and start it; uninstall: stop it and remove the file; "
+        "status: whether it is installed (exit 0) or not (exit 3), and whether it runs.")
+    sc.add_argument("action", choices=["install", "uninstall", "status"])
+    sc.add_argument("--manager", choices=["systemd", "launchd"], default=None,
+                    help="which service manager's file to write (default: launchd on macOS, "
+                    "systemd elsewhere)")
+    _config_flag(sc)
+    sc.set_defaults(func=command(_service, "run"), _serve_parser=sv)
+    family = (g, sv, cf, dr, sc)
+    for p in family:
+        p.family = family
+
+
+def _serve_flags(sv) -> None:
+    """`edge serve`'s flags (also `edge config`'s, which shows what they come to)."""
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=number(int, 1, 65535), default=8000)
     _drafting_options(sv, "verifier HOST:PORT",
@@ -88,7 +141,14 @@ def add_parser(sub) -> None:
     sec.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                      help="accept this Host name too, e.g. the machine's LAN name when "
                      "serving on 0.0.0.0 ('*': any); repeatable")
-    sec.add_argument("--api-key", help="require Authorization: Bearer KEY on /v1/*")
+    sec.add_argument("--api-key", help="require Authorization: Bearer KEY on /v1/* and "
+                     "/metrics")
+    sec.add_argument("--api-key-file", metavar="FILE",
+                     help="... the KEY in FILE (its first non-empty line), kept out of the "
+                     "process list")
+    sec.add_argument("--metrics-without-key", action="store_true",
+                     help="with --api-key: serve /metrics without the key too (for a "
+                     "scraper that cannot send one; default: /metrics needs the key)")
     sec.add_argument("--max-body-bytes", type=number(int, 1024, 1 << 30), default=4 << 20,
                      help="largest request body; larger ones get 413 (default: %(default)s)")
     sv.add_argument("--chat-template", metavar="FILE",
@@ -96,7 +156,13 @@ def add_parser(sub) -> None:
                     "add_generation_prompt, bos_token, eos_token), used instead of the "
                     "drafter GGUF's own (needed when the GGUF has none)")
     _verifier_credentials(sv)
-    sv.set_defaults(func=command(_commands, "run_serve"))
+    _config_flag(sv)
+
+
+def _config_flag(p) -> None:
+    p.add_argument("--config", metavar="FILE",
+                   help="settings file (TOML; keys are these long flags, which override it; "
+                   "default: acespec/edge.toml in $XDG_CONFIG_HOME or ~/.config, if it exists)")
 
 
 def _commands():
@@ -106,14 +172,31 @@ def _commands():
     return commands
 
 
+def _doctor():
+    from acespec.edge import doctor  # lazy: a command's start (grpc, llama.cpp)
+
+    return doctor
+
+
+def _service():
+    from acespec.edge import service  # lazy: a command's start
+
+    return service
+
+
 def _drafting_options(p, cloud_help: str, drafter_help: str) -> None:
     """The verifier, the drafter and the engine's flags, shared by `generate` and `serve`."""
+    _model_options(p, cloud_help, drafter_help)
+    _add_engine_args(p, modes.EDGE_DEFAULT)
+
+
+def _model_options(p, cloud_help: str, drafter_help: str) -> None:
+    """The verifier and the drafter (`generate`, `serve` and `doctor`)."""
     p.add_argument("--cloud", default="localhost:50051", help=cloud_help)
     p.add_argument("--drafter", default=str(DEMO_DRAFTER), help=drafter_help)
     pairs.add_argument(p, drafter="drafter")
     p.add_argument("--tokenizer", default=str(DEMO_TARGET),
                    help="tokenizer.json or its folder, used with --drafter ngram")
-    _add_engine_args(p, modes.EDGE_DEFAULT)
 
 
 def _verifier_credentials(p) -> None:

@@ -14,6 +14,7 @@ import jinja2
 
 from acespec import pairs
 from acespec.argtypes import EXIT_USAGE
+from acespec.edge import config
 from acespec.edge.api.guard import GuardConfig
 from acespec.edge.api.service import EdgeService
 from acespec.edge.client import VerifierUnfit, channel, read_token_file
@@ -51,7 +52,7 @@ def engine_config(args, **kw):
                         stall_s=args.stall_after, **kw)
 
 
-def _codec_and_drafter(args):
+def codec_and_drafter(args):
     """(TextCodec, drafter) from --drafter (and --tokenizer for 'ngram'); ValueError naming
     the flag when a file cannot be used."""
     if args.drafter == "ngram":
@@ -65,7 +66,7 @@ def _codec_and_drafter(args):
                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                              ) from None
         return codec, NgramDrafter(vocab)
-    return _llama_codec_and_drafter(args.drafter, n_seq_max=1 + GROW_SEQS,
+    return llama_codec_and_drafter(args.drafter, n_seq_max=1 + GROW_SEQS,
                                     **_emulation(args))
 
 
@@ -74,7 +75,7 @@ def _emulation(args) -> dict:
     return {"emulate_ms": ms, "emulate_per_token_ms": per}
 
 
-def _llama_codec_and_drafter(path: str, **config):
+def llama_codec_and_drafter(path: str, **config):
     if not Path(path).is_file():
         raise ValueError(f"--drafter {path}: no such file; pass a GGUF file or 'ngram'")
     try:
@@ -98,7 +99,7 @@ def _check_context(drafter, prompt: list[int], cfg) -> None:
 
 def run_generate(args) -> int:
     def fail(code: int, msg: str) -> int:
-        print(f"acespec edge generate: error: {msg}", file=sys.stderr)
+        print(f"acespec edge generate: error: {config.blame(args, msg)}", file=sys.stderr)
         return code
 
     try:
@@ -108,9 +109,9 @@ def run_generate(args) -> int:
         cfg = engine_config(args, serve=serve, seed=args.seed, max_tokens=args.max_tokens,
                             reconnect_deadline_s=args.reconnect_deadline)
         token = read_token_file(args.auth_token_file) if args.auth_token_file else None
-        root_cert = _read_file("--tls-ca", args.tls_ca) if args.tls_ca else None
+        root_cert = read_file("--tls-ca", args.tls_ca) if args.tls_ca else None
         pairs.apply(args)
-        codec, drafter = _codec_and_drafter(args)
+        codec, drafter = codec_and_drafter(args)
         prompt = codec.encode(_chat_prompt(args, drafter) if args.chat else args.prompt)
         _check_context(drafter, prompt, cfg)
     except (ConfigError, ValueError, OSError) as e:
@@ -144,7 +145,7 @@ def run_generate(args) -> int:
     return 0
 
 
-def _read_file(flag: str, path: str) -> bytes:
+def read_file(flag: str, path: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as e:
@@ -173,15 +174,15 @@ def build_service(args):
     base = engine_config(args, serve=ServeParams(
         SamplingParams(coupled=args.sampling == "coupled"), send_mass=args.send_mass))
     token = read_token_file(args.auth_token_file) if args.auth_token_file else None
-    root_cert = _read_file("--tls-ca", args.tls_ca) if args.tls_ca else None
+    root_cert = read_file("--tls-ca", args.tls_ca) if args.tls_ca else None
     n = args.max_concurrent
     if args.drafter == "ngram":  # no model: lookup in the context, any number of sequences
-        codec, drafter = _codec_and_drafter(args)
+        codec, drafter = codec_and_drafter(args)
     elif not modes.mode(args.mode).edge_drafts:  # the drafter only tokenizes
-        codec, drafter = _llama_codec_and_drafter(args.drafter, n_ctx=256, n_seq_max=1)
+        codec, drafter = llama_codec_and_drafter(args.drafter, n_ctx=256, n_seq_max=1)
     else:  # each generation: a main sequence and its tree's; seq 0 stays free for tools
         per_request = args.ctx_per_request + base.drafter_reserve()
-        codec, drafter = _llama_codec_and_drafter(args.drafter, n_ctx=n * per_request,
+        codec, drafter = llama_codec_and_drafter(args.drafter, n_ctx=n * per_request,
                                                   n_seq_max=(1 + GROW_SEQS) * n + 1,
                                                   **_emulation(args))
     return EdgeService(codec=codec,
@@ -224,7 +225,7 @@ def _chat_template(args, drafter) -> str | None:
     if not args.chat_template:
         own = getattr(drafter, "chat_template", None)  # the n-gram drafter has none
         return (own and own()) or (pairs.chat_template(args.pair) if args.pair else None)
-    text = _read_file("--chat-template", args.chat_template).decode("utf-8", "replace")
+    text = read_file("--chat-template", args.chat_template).decode("utf-8", "replace")
     try:
         jinja2.Environment().parse(text)
     except jinja2.TemplateSyntaxError as e:
@@ -238,12 +239,27 @@ def run_serve(args) -> int:
 
     try:
         svc = build_service(args)
+        api_key = _api_key(args)
     except (ValueError, OSError) as e:
-        print(f"acespec edge serve: error: {e}", file=sys.stderr)
+        print(f"acespec edge serve: error: {config.blame(args, str(e))}", file=sys.stderr)
         return EXIT_USAGE
     also = "".join(f", also {a!r}" for a in svc.aliases)
     print(f"acespec edge listening on http://{args.host}:{args.port} (model "
           f"{svc.model_name!r}{also}, mode {args.mode}, verifier {args.cloud})", flush=True)
     serve(svc, GuardConfig.for_bind(args.host, args.allow_host, args.allow_origin,
-                                    args.api_key, args.max_body_bytes), args.host, args.port)
+                                    api_key, args.max_body_bytes,
+                                    args.metrics_without_key), args.host, args.port)
     return 0
+
+
+def _api_key(args) -> str | None:
+    """--api-key, or the first non-empty line of --api-key-file; ValueError naming the flag."""
+    if args.api_key and args.api_key_file:
+        raise ValueError("--api-key and --api-key-file: give one of them")
+    if not args.api_key_file:
+        return args.api_key
+    text = read_file("--api-key-file", args.api_key_file).decode("utf-8", "replace")
+    key = next((ln.strip() for ln in text.splitlines() if ln.strip()), None)
+    if key is None:
+        raise ValueError(f"--api-key-file {args.api_key_file}: the file holds no key")
+    return key

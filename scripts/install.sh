@@ -4,7 +4,8 @@
 #   ACESPEC_VENV   where the virtual environment goes (default: .venv in the repo)
 #   ACESPEC_TORCH  the torch requirement (default: torch==2.13.0, the CPU build on this
 #                  testbed; a looser spec can pull a multi-GB CUDA build)
-#   CMAKE_ARGS     llama.cpp build flags (default: trimmed, portable AVX2 build)
+#   CMAKE_ARGS     llama.cpp build flags (default: scripts/llama-cmake-args.sh's for this
+#                  platform: Metal on Apple Silicon, portable AVX2 on x86-64, plain elsewhere)
 #   ACESPEC_CONSTRAINTS  pip constraints for everything else (default: constraints.txt, the
 #                  versions CI checks; 'none': the newest releases pyproject.toml allows)
 set -euo pipefail
@@ -14,8 +15,8 @@ PY=${PYTHON:-python3}
 TORCH=${ACESPEC_TORCH:-torch==2.13.0}
 LLAMA=llama-cpp-python==0.3.36
 CONSTRAINTS=${ACESPEC_CONSTRAINTS:-constraints.txt}
-# No tools, examples, tests, server or multimodal library: about 140 units instead of ~200.
-export CMAKE_ARGS=${CMAKE_ARGS:-"-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"}
+CMAKE_ARGS=${CMAKE_ARGS:-$(bash scripts/llama-cmake-args.sh)}
+export CMAKE_ARGS
 
 say() { printf '\033[1m[install]\033[0m %s\n' "$*" >&2; }
 
@@ -36,6 +37,7 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 fi
 if ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
   say "installing $LLAMA (compiles llama.cpp on first install: ~5-20 min; pip caches the wheel)"
+  say "  CMAKE_ARGS=$CMAKE_ARGS"
   "${PIP[@]}" install -q "$LLAMA"
 fi
 # nginx: the load-balancer tests run real nginx (grpc_pass). Installed when we can.
@@ -46,6 +48,17 @@ if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
       { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q nginx-light >/dev/null; }
   else
     say "nginx not found and cannot install it here: the load-balancer test will be skipped"
+  fi
+fi
+# systemd-analyze: the start-at-login test checks the edge's systemd unit with it.
+if ! command -v systemd-analyze >/dev/null && [ "$(uname -s)" = Linux ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing systemd (Debian package, for systemd-analyze) for the service-unit test"
+    apt-get install -y -q --no-install-recommends systemd >/dev/null 2>&1 || \
+      { apt-get update -q >/dev/null 2>&1 && \
+        apt-get install -y -q --no-install-recommends systemd >/dev/null; }
+  else
+    say "systemd-analyze not found and cannot install it here: the unit check will be skipped"
   fi
 fi
 say "installing acespec[all] (editable; constraints: $CONSTRAINTS)"

@@ -1,0 +1,81 @@
+"""`acespec edge doctor` from the shell against a verifier started from the shell: it reads the
+settings file like `edge serve`, takes the same flags, and says what it found: the round
+trip and an opened session when all is well, the refused key or the foreign vocabulary when
+not (exit 1), an unreachable address within --timeout."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from cli_harness import acespec, verifier
+from conftest import free_port
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory):
+    """A demo verifier that wants a key: (address, the key's file)."""
+    folder = tmp_path_factory.mktemp("doctor")
+    key = folder / "verifier.token"
+    key.write_text("doctor-key-1\n")
+    proc, addr = verifier("--auth-token-file", str(key))
+    with proc:
+        yield addr, key
+        proc.stop()
+
+
+def home_with(tmp_path: Path, settings: str) -> dict[str, str]:
+    conf = tmp_path / "home" / ".config" / "acespec" / "edge.toml"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(settings)
+    env = {k: v for k, v in os.environ.items() if k != "XDG_CONFIG_HOME"}
+    return {**env, "HOME": str(tmp_path / "home")}
+
+
+def test_doctor_reads_the_settings_file_and_opens_a_session(cloud, tmp_path):
+    addr, key = cloud
+    env = home_with(tmp_path, f'cloud = "{addr}"\nauth-token-file = "{key}"\npair = "demo"\n')
+    r = acespec("edge", "doctor", env=env, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"verifier: {addr} (plaintext, key from {key})" in r.stdout
+    rtt = re.search(r"round trip: (\d+) ms \(median of 5", r.stdout)
+    assert rtt and int(rtt.group(1)) < 500, r.stdout
+    assert "session: opened (target 'target:llama'; the drafter's vocabulary is the " \
+           "target's, the key was accepted)" in r.stdout
+    assert r.stdout.splitlines()[-1].startswith("advice: ")
+
+
+def test_doctor_says_the_key_is_refused(cloud, tmp_path):
+    addr, _ = cloud
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text("not-the-key\n")
+    env = home_with(tmp_path, f'cloud = "{addr}"\n')
+    r = acespec("edge", "doctor", "--auth-token-file", str(wrong), env=env, timeout=120)
+    assert r.returncode == 1
+    assert "problem: the verifier refused the key" in r.stderr, r.stderr
+
+
+def test_doctor_says_the_vocabulary_is_foreign(cloud, tmp_path):
+    addr, key = cloud
+    other = Tokenizer(models.WordLevel({"[UNK]": 0, "Hello": 1, "x": 2}, unk_token="[UNK]"))
+    other.pre_tokenizer = pre_tokenizers.Whitespace()
+    other.save(str(tmp_path / "tokenizer.json"))
+    env = home_with(tmp_path, f'cloud = "{addr}"\nauth-token-file = "{key}"\n'
+                    f'drafter = "ngram"\ntokenizer = "{tmp_path / "tokenizer.json"}"\n')
+    r = acespec("edge", "doctor", env=env, timeout=120)
+    assert r.returncode == 1
+    assert "problem: the verifier refused the session (vocab_hash mismatch" in r.stderr
+    assert "the drafter must share the target's tokenizer" in r.stderr
+
+
+def test_doctor_gives_up_on_an_unreachable_verifier_on_time(tmp_path):
+    env = home_with(tmp_path, f'cloud = "127.0.0.1:{free_port()}"\npair = "demo"\n')
+    r = acespec("edge", "doctor", "--timeout", "1", env=env, timeout=60)
+    assert r.returncode == 1
+    assert "cannot reach the verifier at 127.0.0.1:" in r.stderr and "within 1 s" in r.stderr
