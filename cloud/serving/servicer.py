@@ -344,8 +344,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                         chunk.logprobs.CopyFrom(encode_logprobs([lp]))
                     await self._write(context, chunk)
                     clock.first_token()
+            clock.finish(count)  # the last token is out (an edge may cancel now)
             await self._write(context, pb.GenerateChunk(done=True, passes=count))
-            clock.finish(count)
         except asyncio.CancelledError:
             if self.draining:
                 log.warning("Generate cut: the shutdown's grace period ended")
