@@ -61,6 +61,26 @@ if ! command -v systemd-analyze >/dev/null && [ "$(uname -s)" = Linux ]; then
     say "systemd-analyze not found and cannot install it here: the unit check will be skipped"
   fi
 fi
+# Prometheus: the dashboard and alert tests run Debian's prometheus and promtool. Its service
+# is not started meanwhile (a policy-rc.d refuses it while apt installs, unless one exists).
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing prometheus (Debian package) for the dashboard and alert tests"
+    policy=
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d
+      policy=1
+    fi
+    rc=0
+    apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+      { apt-get update -q >/dev/null 2>&1 && \
+        apt-get install -y -q --no-install-recommends prometheus >/dev/null; } || rc=$?
+    if [ -n "$policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
+    [ "$rc" = 0 ] || exit "$rc"
+  else
+    say "prometheus not found and cannot install it here: the dashboard test will be skipped"
+  fi
+fi
 say "installing acespec[all] (editable; constraints: $CONSTRAINTS)"
 "${PIP[@]}" install -q "${PINS[@]}" -e '.[all]'
 # guidellm (tests/e2e/test_guidellm.py) pins an older click than ours: its own venv, which
