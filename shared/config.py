@@ -11,7 +11,8 @@ class ConfigError(ValueError):
 
 
 MAX_ADDITIVE = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI)
-MAX_REPETITION = 10.0
+MAX_REPETITION = 10.0  # the repetition penalty lies in [1/10, 10]: a logit is at most
+MIN_REPETITION = 1 / MAX_REPETITION  # multiplied by 10 (a smaller one overflows: 5e-324)
 
 
 @dataclass(frozen=True)
@@ -30,9 +31,10 @@ class Penalties:
             if not (math.isfinite(v) and -MAX_ADDITIVE <= v <= MAX_ADDITIVE):
                 raise ConfigError(f"{name}_penalty must be in [-{MAX_ADDITIVE}, "
                                   f"{MAX_ADDITIVE}], got {v!r}")
-        if not (math.isfinite(self.repetition) and 0 < self.repetition <= MAX_REPETITION):
-            raise ConfigError(f"repetition_penalty must be in (0, {MAX_REPETITION}], got "
-                              f"{self.repetition!r}")
+        if not (math.isfinite(self.repetition)
+                and MIN_REPETITION <= self.repetition <= MAX_REPETITION):
+            raise ConfigError(f"repetition_penalty must be in [{MIN_REPETITION:g}, "
+                              f"{MAX_REPETITION:g}], got {self.repetition!r}")
 
     @property
     def on(self) -> bool:

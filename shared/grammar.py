@@ -52,6 +52,23 @@ def check_grammar(grammar: str) -> None:
         raise GrammarError(f"the grammar cannot be compiled: {'; '.join(messages)[:300]}")
 
 
+def check_generates(grammar: str) -> None:
+    """GrammarError when `grammar` generates no text at all (a schema that is only a $ref
+    cycle, {"$ref": "#"}): its matcher over single bytes, asked for the first one, stops.
+    Building the matcher builds the grammar's lexer, the bulk of what a grammar costs."""
+    m = _llguidance().LLMatcher(_byte_tokenizer(), grammar, log_level=0)
+    m.compute_bitmask()
+    if m.is_error() or m.is_stopped():
+        raise GrammarError("it generates no text (no JSON value satisfies it: a $ref cycle?)")
+
+
+@lru_cache(maxsize=1)
+def _byte_tokenizer():
+    """llguidance's tokenizer of a vocabulary of the 256 bytes and an end of text."""
+    return tokenizer_from_pieces([bytes([b]) for b in range(256)] + [b"<eos>"], 256, None,
+                                 [256], lambda s: list(s.encode("utf-8")))
+
+
 @lru_cache(maxsize=4)
 def tokenizer_from_json(path: str, eos_id: int | None):
     """llguidance's tokenizer from a tokenizer.json (about a second: cached)."""

@@ -27,7 +27,7 @@ def penalise(logits: np.ndarray, text: Sequence[int], p: Penalties,
     if not p.on or not len(text):
         return x
     ids = np.asarray(text, dtype=np.int64)
-    if p.repetition != 1:
+    if p.repetition != 1:  # (in [1/10, 10]: finite logits stay finite)
         seen = np.unique(ids)
         x[seen] = np.where(x[seen] > 0, x[seen] / p.repetition, x[seen] * p.repetition)
     out = ids[output_from:]

@@ -12,13 +12,19 @@ import grpc
 import uvicorn
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
 from acespec.edge.api.guard import ApiGuard, GuardConfig
-from acespec.edge.api.openai_types import ApiError, model_object, parse_request
-from acespec.edge.api.service import EdgeService, ShuttingDown, complete, stream
+from acespec.edge.api.openai_types import (
+    ApiError,
+    CompletionRequest,
+    model_object,
+    parse_request,
+)
+from acespec.edge.api.service import EdgeService, ShuttingDown, complete, echo, stream
 from acespec.edge.client import VerifierUnfit
 
 log = logging.getLogger(__name__)
@@ -131,6 +137,7 @@ def create_app(svc: EdgeService, guard: GuardConfig | None = None):
 def _routes(svc: EdgeService) -> Starlette:
     async def completions(request: Request, chat: bool):
         endpoint = "chat" if chat else "completions"
+        req = None
         try:
             req = parse_request(await _read_json(request), chat, svc.render_chat)
             if req.model not in svc.served_names:
@@ -139,11 +146,18 @@ def _routes(svc: EdgeService) -> Starlette:
             if req.offline == "local" and svc.drafter is None:
                 raise ApiError(400, "'offline': \"local\" answers from the drafter, and this "
                                "server has none (edge serve --mode ar)", "offline")
+            req = await svc.prepared(req)  # its grammar compiled, off the loop
             prompt = await asyncio.to_thread(svc.prompt_tokens, req)  # off the loop: it can be long
             release = svc.admit(req.n)
             if req.stream:
+                try:  # what can be refused is refused before the stream starts
+                    echoed = await _unless_disconnected(request, echo(svc, req, prompt),
+                                                        svc.stopping)
+                except BaseException:
+                    release()
+                    raise
                 svc.metrics.requests.labels(endpoint, "200").inc()
-                return _AdmittedStream(_guarded(stream(svc, req, prompt)), release,
+                return _AdmittedStream(_guarded(stream(svc, req, prompt, echoed), req), release,
                                        media_type="text/event-stream")
             try:
                 body = await _unless_disconnected(request, complete(svc, req, prompt),
@@ -158,7 +172,7 @@ def _routes(svc: EdgeService) -> Starlette:
         except ShuttingDown:
             resp = _error(_SHUTDOWN)
         except (ConnectionError, grpc.aio.AioRpcError, VerifierUnfit) as e:
-            resp = _error(_cloud_error(e))
+            resp = _error(_cloud_error(e, req))
         except Exception:  # noqa: BLE001 - never a traceback in a response
             log.exception("request failed")
             resp = _error(ApiError(500, "internal error (see the server log)",
@@ -211,7 +225,22 @@ def _routes(svc: EdgeService) -> Starlette:
         yield
         await svc.aclose()  # the channel was made in this loop; close it in this loop
 
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={404: _no_route, 405: _no_route})
+
+
+async def _no_route(request: Request, exc: HTTPException) -> JSONResponse:
+    """An unknown path (404) or a method a path does not take (405), in OpenAI's error shape
+    (its clients read the JSON body of any error)."""
+    if exc.status_code == 405:
+        e = ApiError(405, f"{request.method} is not allowed on {request.url.path[:80]} (it "
+                     f"takes {exc.headers.get('Allow', 'other methods')})",
+                     code="method_not_allowed", headers=exc.headers)
+    else:
+        e = ApiError(404, f"no route {request.method} {request.url.path[:80]} on this server "
+                     "(it serves /v1/completions, /v1/chat/completions, /v1/models, /health, "
+                     "/ready, /metrics)", code="not_found")
+    return _error(e)
 
 
 def _no_such_model(svc: EdgeService, name: str) -> ApiError:
@@ -224,19 +253,27 @@ def _no_such_model(svc: EdgeService, name: str) -> ApiError:
 _CLIENT_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
 
 
-def _cloud_error(e: Exception) -> ApiError:
-    """What a verifier failure means to the HTTP client: its own request was too big (400),
-    the verifier is busy or unreachable (503, retry), or the deployment is broken (502)."""
+def _cloud_error(e: Exception, req: CompletionRequest | None = None) -> ApiError:
+    """What a verifier failure means to the HTTP client: its own request was too big or
+    malformed (400, naming the field where the verifier's message says which), the verifier
+    is busy or unreachable (503, retry), or the deployment is broken (502)."""
     if isinstance(e, VerifierUnfit):
         return ApiError(502, str(e), kind="upstream_error")
     if not isinstance(e, grpc.aio.AioRpcError) or e.code() == grpc.StatusCode.UNAVAILABLE:
         return ApiError(503, "the cloud verifier is unreachable; retry shortly",
                         kind="service_unavailable", headers={"Retry-After": "1"})
     code, details = e.code(), e.details() or ""
-    if code in _CLIENT_CODES or (code == grpc.StatusCode.RESOURCE_EXHAUSTED
-                                 and "prompt" in details):
+    if "grammar" in details and req is not None and req.structure is not None:
+        return ApiError(400, f"the verifier refused the request's grammar: {details}",
+                        req.structure.param, code="grammar_too_large"
+                        if code == grpc.StatusCode.RESOURCE_EXHAUSTED or "more than" in details
+                        else "invalid_schema")
+    if "prompt" in details and (code in _CLIENT_CODES
+                                or code == grpc.StatusCode.RESOURCE_EXHAUSTED):
         return ApiError(400, f"the verifier refused the request: {details}", "prompt",
                         code="context_length_exceeded")
+    if code in _CLIENT_CODES:
+        return ApiError(400, f"the verifier refused the request: {details}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # e.g. full: max_sessions reached
         return ApiError(503, f"the verifier is busy: {details}; retry shortly",
                         kind="service_unavailable", headers={"Retry-After": "1"})
@@ -248,15 +285,17 @@ _SHUTDOWN = ApiError(503, "the server is shutting down; retry elsewhere or later
                      kind="service_unavailable", code="server_shutdown")
 
 
-async def _guarded(events):
+async def _guarded(events, req: CompletionRequest):
     """Errors after the stream started become one error event, then [DONE]."""
     try:
         async for e in events:
             yield e
+    except ApiError as e:
+        yield _sse_error(e)
     except ShuttingDown:
         yield _sse_error(_SHUTDOWN)
     except (ConnectionError, grpc.aio.AioRpcError, VerifierUnfit) as e:
-        yield _sse_error(_cloud_error(e))
+        yield _sse_error(_cloud_error(e, req))
     except Exception:  # noqa: BLE001 - never a traceback in a stream
         log.exception("stream failed")
         yield _sse_error(ApiError(500, "internal error (see the server log)",

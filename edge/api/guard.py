@@ -9,8 +9,10 @@ name 127.0.0.1 under its own host name. So, before any route runs:
     or one given with `--allow-host` (403 otherwise: DNS rebinding);
   * a POST must be `application/json` (415) of at most `max_body` bytes (413), read here
     whole, so no route ever holds an over-long body;
-  * with `--api-key`, /v1/* needs `Authorization: Bearer KEY` (401), as vLLM and llama.cpp's
-    server do.
+  * with `--api-key`, /v1/* and /metrics need `Authorization: Bearer KEY` (401), as vLLM
+    and llama.cpp's server do for /v1/* (the usage counters are the key holders' business;
+    `--metrics-without-key` serves /metrics to anyone, for a scraper that cannot send a
+    key); /health and /ready stay open for probes.
 """
 
 from __future__ import annotations
@@ -28,12 +30,19 @@ class GuardConfig:
     origins: frozenset[str] = frozenset()  # Origin values accepted ("*": any)
     api_key: str | None = None
     max_body: int = 4 << 20  # bytes of a POST body
+    metrics_without_key: bool = False  # /metrics answers without the API key
 
     @classmethod
     def for_bind(cls, host: str, allow_hosts=(), allow_origins=(), api_key=None,
-                 max_body: int = 4 << 20) -> GuardConfig:
+                 max_body: int = 4 << 20, metrics_without_key: bool = False) -> GuardConfig:
         return cls(LOOPBACK | {host.strip("[]")} | set(allow_hosts), frozenset(allow_origins),
-                   api_key or None, max_body)
+                   api_key or None, max_body, metrics_without_key)
+
+    def needs_key(self, path: str) -> bool:
+        """Whether a request for `path` must carry the API key."""
+        if not self.api_key:
+            return False
+        return path.startswith("/v1/") or (path == "/metrics" and not self.metrics_without_key)
 
 
 def _host_name(value: str) -> str:
@@ -70,7 +79,7 @@ class ApiGuard:
         if "*" not in c.hosts and host not in c.hosts:
             return (403, f"Host {host!r:.80} is not this server's (DNS rebinding?); allow it "
                     "with edge serve --allow-host NAME", "host_not_allowed")
-        if c.api_key and scope["path"].startswith("/v1/"):
+        if c.needs_key(scope["path"]):
             auth = headers.get("authorization", "")
             if not hmac.compare_digest(auth.encode(), f"Bearer {c.api_key}".encode()):
                 return (401, "missing or wrong API key: send Authorization: Bearer KEY",

@@ -11,8 +11,14 @@ from dataclasses import dataclass, field
 from acespec.edge.api.errors import ApiError, text
 from acespec.edge.api.messages import parse_messages
 from acespec.edge.api.params import check_fields
-from acespec.edge.api.structured import Tools, parse_tools, response_grammar
-from acespec.shared.config import MAX_ADDITIVE, MAX_REPETITION, Penalties
+from acespec.edge.api.structured import (
+    Structure,
+    Tools,
+    parse_tools,
+    response_structure,
+    tools_structure,
+)
+from acespec.shared.config import MAX_ADDITIVE, MAX_REPETITION, MIN_REPETITION, Penalties
 from acespec.shared.logprobs import MAX_TOP_LOGPROBS
 
 __all__ = ["ApiError", "CompletionRequest", "parse_request"]
@@ -44,7 +50,9 @@ class CompletionRequest:
     parse_special: bool = False  # /v1/completions: control tokens spelled in the prompt count
     logprobs: int | None = None  # the target's logprobs, with this many alternatives per token
     penalties: Penalties = Penalties()  # presence, frequency, repetition (both sides apply them)
-    grammar: str | None = None  # response_format's (edge.api.structured); None: free text
+    structure: Structure | None = None  # what response_format or tools ask the answer to
+    # follow (edge.api.structured); None: free text
+    grammar: str | None = None  # the structure compiled (edge.api.grammar_work)
     tools: Tools | None = None  # the tools the answer may call (chat)
     echo: bool = False  # completions: the prompt comes back before the answer
 
@@ -85,12 +93,14 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required", "model")
     check_fields(body, chat)
-    grammar = response_grammar(body.get("response_format"))
+    structure = response_structure(body.get("response_format"))
     tools = parse_tools(body.get("tools"), body.get("tool_choice")) if chat else None
     _bool(body, "parallel_tool_calls", True)  # one call per answer either way
-    if grammar is not None and tools is not None:
+    if structure is not None and tools is not None:
         raise ApiError(400, "'response_format' and 'tools' each constrain the answer: send "
                        "one (or tool_choice: none)", "response_format")
+    if tools is not None:
+        structure = tools_structure(tools)
     if chat:
         prompt = render_chat(parse_messages(body.get("messages")), tools)
     else:
@@ -114,7 +124,7 @@ def parse_request(body, chat: bool, render_chat) -> CompletionRequest:
         safety_identifier=_optional_text(body, "safety_identifier"),
         metadata=_metadata(body.get("metadata")),
         parse_special=not chat and _bool(body, "parse_special", False),
-        logprobs=_logprobs(body, chat), penalties=_penalties(body), grammar=grammar,
+        logprobs=_logprobs(body, chat), penalties=_penalties(body), structure=structure,
         tools=tools, echo=not chat and _bool(body, "echo", False))
 
 
@@ -122,14 +132,8 @@ def _penalties(body: dict) -> Penalties:
     return Penalties(
         presence=_num(body, "presence_penalty", float, 0.0, -MAX_ADDITIVE, MAX_ADDITIVE),
         frequency=_num(body, "frequency_penalty", float, 0.0, -MAX_ADDITIVE, MAX_ADDITIVE),
-        repetition=_positive(body, "repetition_penalty", 1.0, MAX_REPETITION))
-
-
-def _positive(body: dict, name: str, default: float, hi: float) -> float:
-    value = _num(body, name, float, default, 0.0, hi)
-    if value == 0:
-        raise ApiError(400, f"'{name}' must be > 0 (1 = off), got 0", name)
-    return value
+        repetition=_num(body, "repetition_penalty", float, 1.0, MIN_REPETITION,
+                        MAX_REPETITION))
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:

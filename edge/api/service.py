@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 import jinja2
 
 from acespec.edge.api.answer import FAILED, Answer, LinkBoard, Note, stream_parts
+from acespec.edge.api.grammar_work import GrammarWork
 from acespec.edge.api.logprobs import Echo, echo_of, joined
 from acespec.edge.api.openai_types import (
     ApiError,
@@ -59,6 +60,7 @@ class EdgeService:
     max_queue: int = 64  # generations waiting for a sequence
     reconnect_deadline_s: float = 30.0  # an in-flight generation rides out an outage this long
     link: LinkBoard = field(default_factory=LinkBoard)
+    grammars: GrammarWork = field(default_factory=GrammarWork)  # compiles requests' grammars
     created: int = field(default_factory=lambda: int(time.time()))  # /v1/models' "created"
     free_seqs: asyncio.Queue = field(default_factory=asyncio.Queue)
     admitted: int = field(default=0, init=False)  # generations of requests in flight
@@ -110,6 +112,15 @@ class EdgeService:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+
+    async def prepared(self, req: CompletionRequest) -> CompletionRequest:
+        """The request with its grammar compiled (off the event loop); ApiError 400 naming
+        the field when its structure cannot be compiled, or its session cannot serve it
+        (checked before any stream starts)."""
+        if req.structure is not None:
+            req = replace(req, grammar=await self.grammars.compile(req.structure))
+        self.config(req, 0)
+        return req
 
     def prompt_tokens(self, req: CompletionRequest) -> list[int]:
         """The prompt's token ids; ApiError 400 if the request cannot fit one generation's
@@ -196,9 +207,8 @@ class EdgeService:
         coupled = sampling == "coupled"
         serve = ServeParams(SamplingParams(req.temperature, req.top_k, req.top_p, coupled),
                             send_mass=self.base.serve.send_mass, k_max=self.base.serve.k_max)
-        grammar = req.grammar if req.tools is None else req.tools.grammar
         serve = replace(serve, sampling=replace(serve.sampling, penalties=req.penalties,
-                                                grammar=grammar))
+                                                grammar=req.grammar))
         stops = frozenset() if req.ignore_eos else self.codec.stop_ids
         try:
             return replace(self.base, serve=serve, seed=seed,
@@ -248,13 +258,14 @@ def _final(req: CompletionRequest, c: Answer) -> dict:
     return part
 
 
-async def stream(svc: EdgeService, req: CompletionRequest, prompt: list[int]):
+async def stream(svc: EdgeService, req: CompletionRequest, prompt: list[int],
+                 echoed: Echo | None):
     """Server-sent events: one chunk per piece of new text, then [DONE]. A generation that
     fails sends no finish chunk: its error surfaces here (the caller makes it an error event).
     With continuous_usage every chunk carries the usage so far (vLLM's continuous_usage_stats);
-    with include_usage a last chunk, with no choices, carries the request's."""
+    with include_usage a last chunk, with no choices, carries the request's. `echoed`: what
+    echo(...) made of the prompt, before the stream started (its errors are the request's)."""
     rid, queue = new_id(req.chat), asyncio.Queue()
-    echoed = await echo(svc, req, prompt)
     choices = [Answer(svc, req, i, echoed) for i in range(req.n)]
     tasks = [asyncio.create_task(c.run(prompt, queue)) for c in choices]
 

@@ -13,13 +13,20 @@ text in that same JSON form.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 
 from acespec.edge.api.errors import ApiError
-from acespec.shared.grammar import GrammarError, check_grammar, json_grammar
+from acespec.proto.codec import MAX_GRAMMAR_CHARS
+from acespec.shared.grammar import GrammarError, check_generates, check_grammar, json_grammar
 
 COMPACT = {"whitespace_flexible": False}  # JSON without spare whitespace: fewer tokens
+MAX_SCHEMA_CHARS = MAX_GRAMMAR_CHARS  # a schema's JSON text: its grammar carries it whole,
+# and the verifier takes grammars up to MAX_GRAMMAR_CHARS characters
+MAX_TOOLS = 128  # OpenAI's limit
+SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for json_schema.name
+JSON_SCHEMA_KEYS = ("name", "description", "schema", "strict")
 
 
 @dataclass(frozen=True)
@@ -28,20 +35,69 @@ class Tools:
 
     specs: tuple[dict, ...]  # OpenAI function objects: {name, description?, parameters?}
     choice: str  # "auto" | "required" | "named"
-    grammar: str
+    checked: tuple[dict, ...] = ()  # every tool the request offered (each must compile)
 
 
-def response_grammar(value) -> str | None:
-    """The grammar of `response_format` (None: free text); ApiError 400 naming the field."""
+@dataclass(frozen=True)
+class Structure:
+    """What a request's answer must follow, checked in shape and size but not compiled:
+    compiling takes up to seconds, so it runs off the event loop (edge.api.grammar_work)."""
+
+    param: str  # the field that asks for it: "response_format" or "tools"
+    text: str  # the JSON it compiles from (what `size` measures; the compile cache's key)
+    schema: dict | None = None  # response_format's schema (None: any JSON object)
+    tools: Tools | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.text)
+
+    def compile(self) -> str:
+        """llguidance's grammar; ApiError 400 naming the field when a schema cannot be
+        compiled, generates nothing, or makes a grammar longer than the verifier takes."""
+        if self.tools is None:
+            grammar = _compiled(self.schema, "response_format.json_schema.schema"
+                                if self.schema is not None else "response_format")
+        else:
+            for i, spec in enumerate(self.tools.checked):
+                _compiled(spec["parameters"], f"tools[{i}].function.parameters")
+            grammar = _tools_grammar(self.tools.specs, self.tools.choice)
+        if len(grammar) > MAX_GRAMMAR_CHARS:
+            raise ApiError(400, f"'{self.param}' makes a grammar of {len(grammar)} characters; "
+                           f"the verifier takes at most {MAX_GRAMMAR_CHARS}", self.param,
+                           code="grammar_too_large")
+        return grammar
+
+
+def _measured(param: str, value) -> str:
+    """The JSON text of what `param` asks the answer to follow; ApiError 400 naming the limit
+    and the size when it is longer than a grammar may be (checked before compiling)."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise ApiError(400, f"'{param}' is {len(text)} characters of JSON schema; this server "
+                       f"compiles at most {MAX_SCHEMA_CHARS} per request", param,
+                       code="grammar_too_large")
+    return text
+
+
+def response_structure(value) -> Structure | None:
+    """What `response_format` asks for (None: free text); ApiError 400 naming the field."""
     if value is None:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
         raise ApiError(400, "'response_format' must be an object with a 'type'", "response_format")
     kind = value["type"]
+    extra = next((k for k in value if k not in ("type", "json_schema")), None)
+    if extra is not None:
+        raise ApiError(400, f"'response_format.{extra:.40}' is not a field of response_format",
+                       f"response_format.{extra:.40}", code="unknown_parameter")
+    if kind in ("text", "json_object") and value.get("json_schema") is not None:
+        raise ApiError(400, f"'response_format.json_schema' goes with type json_schema, not "
+                       f"{kind}", "response_format.json_schema")
     if kind == "text":
         return None
     if kind == "json_object":
-        return _compiled(None, "response_format")
+        return Structure("response_format", "null")
     if kind != "json_schema":
         raise ApiError(400, f"'response_format.type' must be text, json_object or json_schema, "
                        f"got {kind!r:.40}", "response_format")
@@ -49,7 +105,34 @@ def response_grammar(value) -> str | None:
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
         raise ApiError(400, "'response_format.json_schema' must be an object with a 'schema' "
                        "object", "response_format.json_schema")
-    return _compiled(spec.get("schema", {}), "response_format.json_schema.schema")
+    _check_json_schema_fields(spec)
+    schema = spec.get("schema", {})
+    return Structure("response_format", _measured("response_format", schema), schema)
+
+
+def _check_json_schema_fields(spec: dict) -> None:
+    """json_schema's name, description and strict as OpenAI types them (nothing else)."""
+    at = "response_format.json_schema"
+    for key in spec:
+        if key not in JSON_SCHEMA_KEYS:
+            raise ApiError(400, f"'{at}.{key:.40}' is not a field of json_schema (it has "
+                           f"{', '.join(JSON_SCHEMA_KEYS)})", f"{at}.{key:.40}",
+                           code="unknown_parameter")
+    name = spec.get("name")
+    if name is not None and not (isinstance(name, str) and SCHEMA_NAME.fullmatch(name)):
+        raise ApiError(400, f"'{at}.name' must be a string of 1 to 64 letters, digits, _ or -, "
+                       f"got {name!r:.40}", f"{at}.name")
+    if spec.get("description") is not None and not isinstance(spec["description"], str):
+        raise ApiError(400, f"'{at}.description' must be a string", f"{at}.description")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise ApiError(400, f"'{at}.strict' must be a boolean (true or false), got "
+                       f"{spec['strict']!r:.40}", f"{at}.strict")
+
+
+def response_grammar(value) -> str | None:
+    """The grammar of `response_format`, compiled here and now (None: free text)."""
+    structure = response_structure(value)
+    return None if structure is None else structure.compile()
 
 
 def parse_tools(tools, choice) -> Tools | None:
@@ -61,6 +144,8 @@ def parse_tools(tools, choice) -> Tools | None:
         return None
     if not isinstance(tools, list):
         raise ApiError(400, "'tools' must be a list of function tools", "tools")
+    if len(tools) > MAX_TOOLS:
+        raise ApiError(400, f"'tools' lists {len(tools)} tools; at most {MAX_TOOLS}", "tools")
     specs = tuple(_tool(t, f"tools[{i}]") for i, t in enumerate(tools))
     names = [s["name"] for s in specs]
     if len(set(names)) != len(names):
@@ -69,16 +154,34 @@ def parse_tools(tools, choice) -> Tools | None:
     if choice == "none":
         return None
     if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" \
-            else None
+        name = _named_choice(choice)
         if name not in names:
             raise ApiError(400, f"'tool_choice' must name one of the tools ({', '.join(names)})",
-                           "tool_choice")
-        specs, choice = tuple(s for s in specs if s["name"] == name), "named"
-    elif choice not in ("auto", "required"):
+                           "tool_choice.function.name")
+        return Tools(tuple(s for s in specs if s["name"] == name), "named", specs)
+    if choice not in ("auto", "required"):
         raise ApiError(400, "'tool_choice' must be none, auto, required or "
                        "{type: function, function: {name}}", "tool_choice")
-    return Tools(specs, choice, _tools_grammar(specs, choice))
+    return Tools(specs, choice, specs)
+
+
+def _named_choice(choice: dict) -> str:
+    """The function a tool_choice object names: {type: function, function: {name}}."""
+    if choice.get("type") != "function":
+        raise ApiError(400, "'tool_choice.type' must be \"function\"", "tool_choice.type")
+    function = choice.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ApiError(400, "'tool_choice.function' must be an object {name: <a tool's name>}, "
+                       f"got {function!r:.40}", "tool_choice.function")
+    return function["name"]
+
+
+def tools_structure(tools: Tools) -> Structure:
+    """What the tools ask the answer to follow; ApiError 400 when over the size limit."""
+    return Structure("tools", _measured("tools", [[[s["name"], s["parameters"]]
+                                                   for s in tools.checked],
+                                                  [s["name"] for s in tools.specs],
+                                                  tools.choice]), tools=tools)
 
 
 def _tool(t, at: str) -> dict:
@@ -88,12 +191,17 @@ def _tool(t, at: str) -> dict:
     f = t["function"]
     if not isinstance(f.get("name"), str) or not f["name"]:
         raise ApiError(400, f"'{at}.function.name' is required", f"{at}.function.name")
+    if f.get("description") is not None and not isinstance(f["description"], str):
+        raise ApiError(400, f"'{at}.function.description' must be a string",
+                       f"{at}.function.description")
+    if f.get("strict") is not None and not isinstance(f["strict"], bool):
+        raise ApiError(400, f"'{at}.function.strict' must be a boolean (true or false)",
+                       f"{at}.function.strict")
     params = f.get("parameters", {"type": "object"})
     if not isinstance(params, dict):
         raise ApiError(400, f"'{at}.function.parameters' must be a JSON schema object",
                        f"{at}.function.parameters")
-    _compiled(params, f"{at}.function.parameters")
-    return {"name": f["name"], "description": f.get("description", ""), "parameters": params}
+    return {"name": f["name"], "description": f.get("description") or "", "parameters": params}
 
 
 def call_schema(specs: tuple[dict, ...]) -> dict:
@@ -121,10 +229,14 @@ def _tools_grammar(specs: tuple[dict, ...], choice: str) -> str:
 
 
 def _compiled(schema: dict | None, param: str) -> str:
+    """The grammar of JSON valid against `schema`; ApiError 400 naming `param` when it cannot
+    be compiled or generates nothing."""
     try:
-        return json_grammar(schema, COMPACT)
+        grammar = json_grammar(schema, COMPACT)
+        check_generates(grammar)
     except GrammarError as e:
         raise ApiError(400, f"'{param}': {e}", param, code="invalid_schema") from None
+    return grammar
 
 
 def tool_calls(text: str, tools: Tools) -> list[dict] | None:

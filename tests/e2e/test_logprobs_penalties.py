@@ -141,13 +141,30 @@ def test_coupled_sampling_logprobs_are_the_targets_in_both_modes(servers, target
     ("/v1/completions", {"logprobs": True}, "logprobs"),
     ("/v1/completions", {"logprobs": 1, "temperature": 0.8, "sampling": "exact"}, "logprobs"),
     ("/v1/completions", {"logprobs": 1, "temperature": 0, "offline": "local"}, "logprobs"),
+    ("/v1/completions", {"repetition_penalty": 5e-324}, "repetition_penalty"),
+    ("/v1/completions", {"repetition_penalty": 0.09}, "repetition_penalty"),
+    ("/v1/chat/completions", {"repetition_penalty": 10.5}, "repetition_penalty"),
 ])
-def test_requests_that_cannot_have_logprobs_are_refused_by_name(servers, path, body, param):
+@pytest.mark.parametrize("stream", [False, True])
+def test_requests_that_cannot_be_served_are_refused_by_name(servers, path, body, param, stream):
+    """Streamed or not, the same 400 in OpenAI's error shape, before any stream starts."""
     ask = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else \
         {"prompt": PROMPT}
-    r = post(servers["acespec"], path, {**ask, "max_tokens": 4, **body})
+    r = post(servers["acespec"], path, {**ask, "max_tokens": 4, "stream": stream, **body})
     assert r.status_code == 400, r.text
+    assert r.headers["content-type"] == "application/json", r.text
     assert r.json()["error"]["param"] == param, r.text
+
+
+@pytest.mark.parametrize("penalty", [0.1, 10.0])
+def test_repetition_penalty_at_the_ends_of_its_range_is_served(servers, penalty):
+    """A prompt that repeats itself, greedy, the penalty at either end of [0.1, 10]: both
+    modes answer 200 with the same text (nothing overflows on either side)."""
+    body = {"prompt": "abc abc abc abc abc", "max_tokens": 12, "temperature": 0,
+            "repetition_penalty": penalty}
+    got = [post(servers[m], "/v1/completions", body) for m in servers]
+    assert all(r.status_code == 200 for r in got), [r.text for r in got]
+    assert len({r.json()["choices"][0]["text"] for r in got}) == 1
 
 
 def test_logprobs_cost_downlink_bytes_only_when_asked(servers):

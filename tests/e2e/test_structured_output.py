@@ -2,11 +2,16 @@
 mode and in ar mode, against `acespec cloud serve` serving the tiny (random) target: JSON-schema
 answers parse and validate on 20 prompts and equal the constrained target's alone; json_object;
 a tool call round-trips through the openai SDK, streamed and not; acceptance with a schema
-against free text is printed; requests that cannot be served are refused by name."""
+against free text is printed; requests that cannot be served are refused by name, streamed
+or not, before any stream starts: malformed fields, schemas that generate nothing, grammars
+over the size limit, and grammars whose compile runs past its bound (while the edge keeps
+serving others)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import time
 
 import numpy as np
 import pytest
@@ -237,3 +242,117 @@ def test_the_drafter_drafts_in_the_grammar_as_the_target_decides(tiny_pair):
         drafter.close()
     assert list(draft.tokens) == ids
     assert list(free.tokens) != ids
+
+
+def ask(url: str, path: str, body: dict, stream: bool = False) -> httpx.Response:
+    base = {"messages": [{"role": "user", "content": "q"}]} if "chat" in path else \
+        {"prompt": "x"}
+    return httpx.post(url + path, timeout=60, json={
+        "model": "acespec", "max_tokens": 4, "stream": stream, **base, **body})
+
+
+def schema_format(schema: dict, **spec) -> dict:
+    return {"response_format": {"type": "json_schema",
+                                "json_schema": {"name": "s", "schema": schema, **spec}}}
+
+
+def properties(n: int, prefix: str = "p") -> dict:
+    return {"type": "object", "properties": {f"{prefix}{i}": {"type": "string"}
+                                             for i in range(n)}}
+
+
+CYCLE = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+
+
+@pytest.mark.parametrize("path,body,param,code", [
+    # a string where tool_choice's function object belongs
+    ("/v1/chat/completions", {"tools": [WEATHER], "tool_choice": {
+        "type": "function", "function": "get_weather"}}, "tool_choice.function", None),
+    ("/v1/chat/completions", {"tools": [WEATHER], "tool_choice": {
+        "type": "tool", "function": {"name": "get_weather"}}}, "tool_choice.type", None),
+    # schemas no JSON value satisfies: nothing to generate
+    ("/v1/completions", schema_format({"$ref": "#"}), "response_format.json_schema.schema",
+     "invalid_schema"),
+    ("/v1/completions", schema_format(CYCLE), "response_format.json_schema.schema",
+     "invalid_schema"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"$ref": "#"}}}], "tool_choice": "required"},
+     "tools[0].function.parameters", "invalid_schema"),
+    # json_schema's own fields, typed as OpenAI types them
+    ("/v1/completions", schema_format({"type": "object"}, strict="yes"),
+     "response_format.json_schema.strict", None),
+    ("/v1/completions", schema_format({"type": "object"}, name=3),
+     "response_format.json_schema.name", None),
+    ("/v1/completions", schema_format({"type": "object"}, name="a b"),
+     "response_format.json_schema.name", None),
+    ("/v1/completions", schema_format({"type": "object"}, stirct=True),
+     "response_format.json_schema.stirct", "unknown_parameter"),
+    # too many tools (OpenAI's limit)
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": f"f{i}"}}
+                                        for i in range(3000)]}, "tools", None),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_structure_is_a_400_naming_the_field_streamed_or_not(servers, path, body, param,
+                                                                 code, stream):
+    r = ask(servers["acespec"], path, body, stream)
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json", r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error", err
+    assert code is None or err["code"] == code, err
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_grammar_over_the_verifiers_limit_names_response_format(servers, stream):
+    """A 60,000-value enum: its grammar could never reach the verifier (MAX_GRAMMAR_CHARS);
+    the 400 names response_format, the limit and the size, not the prompt."""
+    from acespec.proto.codec import MAX_GRAMMAR_CHARS
+
+    enum = {"type": "object", "properties": {"a": {"enum": [f"v{i}" for i in range(60000)]}}}
+    t0 = time.monotonic()
+    r = ask(servers["acespec"], "/v1/completions", schema_format(enum), stream)
+    assert time.monotonic() - t0 < 1.0  # refused by its size, before compiling
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "response_format", r.text
+    assert err["code"] == "grammar_too_large"
+    assert str(MAX_GRAMMAR_CHARS) in err["message"]
+    assert str(len(json.dumps(enum, separators=(",", ":")))) in err["message"]
+
+
+def test_a_large_schema_compiles_off_the_loop_within_a_time_bound(servers):
+    """Two clients send 6,000-property schemas (173 KB each: under the size limit, but their
+    grammars take seconds to build): each is refused with a 400 naming response_format and
+    the bound, the edge's event loop keeps answering /health and an honest client meanwhile,
+    and the same schema again is refused at once."""
+    url = servers["acespec"]
+    big = [schema_format(properties(6000, prefix)) for prefix in ("a", "b")]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        floods = [pool.submit(ask, url, "/v1/completions", b) for b in big]
+        honest = pool.submit(ask, url, "/v1/completions", {"max_tokens": 16})
+        gaps = []
+        while not all(f.done() for f in floods):
+            t0 = time.monotonic()
+            assert httpx.get(url + "/health", timeout=10).status_code == 200
+            gaps.append(time.monotonic() - t0)
+            time.sleep(0.05)
+        assert honest.result().status_code == 200, honest.result().text
+        for f in floods:
+            err = f.result().json()["error"]
+            assert f.result().status_code == 400 and err["param"] == "response_format", err
+            assert err["code"] == "grammar_too_costly" and " s " in err["message"], err
+    print(json.dumps({"health_checks": len(gaps), "slowest_health_s": round(max(gaps), 3)}))
+    assert len(gaps) > 5 and max(gaps) < 0.5
+    t0 = time.monotonic()
+    again = ask(url, "/v1/completions", big[0])
+    assert again.status_code == 400 and time.monotonic() - t0 < 0.5
+    assert again.json()["error"]["code"] == "grammar_too_costly"
+
+
+def test_a_schema_under_the_bounds_is_served_after_a_refused_one(servers):
+    """A 200-property schema compiles within the bound and is served, streamed too."""
+    body = {**schema_format(properties(200)), "max_tokens": 8, "temperature": 0}
+    r = ask(servers["acespec"], "/v1/completions", body)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith("{"), r.text
+    with httpx.stream("POST", servers["acespec"] + "/v1/completions", timeout=60, json={
+            "model": "acespec", "prompt": "x", "stream": True, **body}) as s:
+        assert s.status_code == 200
+        assert s.read().decode().rstrip().endswith("data: [DONE]")

@@ -42,7 +42,10 @@ def test_presence_and_frequency_count_the_output_only():
 
 @pytest.mark.parametrize("fields,name", [({"presence": 2.5}, "presence_penalty"),
                                          ({"frequency": float("nan")}, "frequency_penalty"),
-                                         ({"repetition": 0.0}, "repetition_penalty")])
+                                         ({"repetition": 0.0}, "repetition_penalty"),
+                                         ({"repetition": 5e-324}, "repetition_penalty"),
+                                         ({"repetition": 0.0999}, "repetition_penalty"),
+                                         ({"repetition": 10.01}, "repetition_penalty")])
 def test_out_of_range_is_refused_by_name(fields, name):
     with pytest.raises(ConfigError, match=name):
         Penalties(**fields)
@@ -72,3 +75,25 @@ def test_coupled_sampling_follows_the_penalised_target():
     unpen = np.zeros(len(logits))
     unpen[plain.ids] = plain.units / plain.units.sum() * n
     assert chisquare(picks, unpen).pvalue < 1e-6
+
+
+@pytest.mark.parametrize("repetition", [0.1, 10.0])
+def test_the_ends_of_the_repetition_range_keep_logits_finite(repetition):
+    """float32's extremes, penalised at either end of [0.1, 10], stay finite."""
+    big = float(np.finfo(np.float32).max)
+    logits = np.array([big, -big, 1e-30, -1e-30, 0.0, 3.0], dtype=np.float32)
+    got = penalise(logits, [0, 1, 2, 3, 4, 5], Penalties(repetition=repetition))
+    assert np.isfinite(got).all()
+    assert got[5] == pytest.approx(3.0 / repetition)
+
+
+def test_the_verifier_refuses_a_repetition_penalty_out_of_range_by_name():
+    """What the verifier makes of a session's sampling on the wire: a penalty that would
+    overflow is a WireError (INVALID_ARGUMENT) naming it, not an overflow in a pass."""
+    from acespec.proto import acespec_pb2 as pb
+    from acespec.proto.codec import WireError, decode_serve_params
+
+    with pytest.raises(WireError, match="repetition_penalty"):
+        decode_serve_params(pb.Sampling(temperature=0.5, repetition_penalty=5e-324))
+    assert decode_serve_params(pb.Sampling(repetition_penalty=0.1)).sampling.penalties \
+        .repetition == pytest.approx(0.1)

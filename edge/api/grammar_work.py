@@ -1,0 +1,82 @@
+"""Compiling requests' grammars off the event loop, within a time bound.
+
+A request's structure (edge.api.structured) is checked for size as it is parsed; compiling
+it (llguidance: the schema's grammar, then its lexer, to learn that it generates anything)
+takes from milliseconds to seconds, and runs here: in worker threads (llguidance drops the
+GIL while it builds), `at_once` at a time, so a flood of big schemas queues instead of taking
+every core from the drafter. A compile that runs past `seconds` is refused with a 400 naming
+the field, the limit and the schema's size; its thread finishes in the background (the size
+check bounds how long) and keeps its slot until then. Outcomes, refusals included, are kept
+by the schema's text, so a client that sends one schema with every request compiles it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from acespec.edge.api.errors import ApiError
+from acespec.edge.api.structured import Structure
+
+
+@dataclass(frozen=True)
+class CompileLimits:
+    seconds: float = 2.0  # wall time one compile may take, once it runs
+    at_once: int = 1  # compiles running together (the rest wait their turn)
+    kept: int = 64  # outcomes kept by schema text
+
+
+class GrammarWork:
+    """The edge server's grammar compiler: `await compile(structure)` -> grammar text."""
+
+    def __init__(self, limits: CompileLimits = CompileLimits()):
+        self.limits = limits
+        self._pool = ThreadPoolExecutor(limits.at_once, thread_name_prefix="grammar")
+        self._slots: asyncio.Semaphore | None = None  # made in the server's loop
+        self._kept: OrderedDict[tuple[str, str], str | ApiError] = OrderedDict()
+
+    async def compile(self, structure: Structure) -> str:
+        """The structure's grammar; ApiError 400 naming the field when it cannot be
+        compiled, generates nothing, or takes longer than the limit."""
+        key = (structure.param, structure.text)
+        outcome = self._kept.get(key)
+        if outcome is None:
+            outcome = await self._run(structure)
+            self._keep(key, outcome)
+        else:
+            self._kept.move_to_end(key)
+        if isinstance(outcome, ApiError):
+            raise outcome
+        return outcome
+
+    async def _run(self, structure: Structure) -> str | ApiError:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.limits.at_once)
+        await self._slots.acquire()  # the wait for a turn does not count against the limit
+        t0 = time.perf_counter()
+        done = asyncio.get_running_loop().run_in_executor(self._pool, _outcome, structure)
+        done.add_done_callback(lambda _: self._slots.release())
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), self.limits.seconds)
+        except asyncio.TimeoutError:
+            return ApiError(400, f"'{structure.param}': compiling its grammar ran past "
+                            f"{self.limits.seconds:g} s (this server's limit) at "
+                            f"{time.perf_counter() - t0:.1f} s; its JSON schema is "
+                            f"{structure.size} characters: send a smaller one",
+                            structure.param, code="grammar_too_costly")
+
+    def _keep(self, key: tuple[str, str], outcome: str | ApiError) -> None:
+        self._kept[key] = outcome
+        while len(self._kept) > self.limits.kept:
+            self._kept.popitem(last=False)
+
+
+def _outcome(structure: Structure) -> str | ApiError:
+    """The grammar, or the refusal (kept like a grammar)."""
+    try:
+        return structure.compile()
+    except ApiError as e:
+        return e
