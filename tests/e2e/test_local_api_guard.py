@@ -1,6 +1,7 @@
 """`edge serve` from the command line, attacked as a web page and a careless client would:
-foreign Origin and Host, text/plain, missing API key, oversized and invalid bodies, OpenAI
-parameters it does not implement, chat content that spells control tokens."""
+foreign Origin and Host, text/plain, missing API key (on /v1/* and /metrics), oversized and
+invalid bodies, OpenAI parameters it does not implement, routes and methods it does not
+serve, chat content that spells control tokens."""
 
 from __future__ import annotations
 
@@ -78,6 +79,64 @@ def test_api_key_required_on_v1(stack):
     assert _error(_post(url, key=None), 401)["code"] == "invalid_api_key"
     assert _post(url, key="wrong").status_code == 401
     assert httpx.get(f"{url}/health").status_code == 200  # health stays open
+
+
+def test_metrics_need_the_api_key(stack):
+    """With --api-key, /metrics (usage counters) needs the key too; the probes do not."""
+    url, _ = stack
+    err = _error(httpx.get(f"{url}/metrics", timeout=10), 401)
+    assert err["code"] == "invalid_api_key"
+    r = httpx.get(f"{url}/metrics", timeout=10, headers={"Authorization": "Bearer KEY"})
+    assert r.status_code == 200 and "acespec_edge_requests" in r.text
+    assert httpx.get(f"{url}/ready", timeout=10).status_code == 200
+
+
+def test_metrics_without_key_serves_them_to_anyone():
+    """edge serve --metrics-without-key: /metrics open, /v1/* still behind the key."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from acespec.cli import build_parser
+    from acespec.edge.api.guard import ApiGuard, GuardConfig
+
+    args = build_parser().parse_args(["edge", "serve", "--api-key", "KEY",
+                                      "--metrics-without-key"])
+    guard = GuardConfig.for_bind(args.host, api_key=args.api_key,
+                                 metrics_without_key=args.metrics_without_key)
+    ok = Starlette(routes=[Route(p, lambda _: PlainTextResponse("ok"))
+                           for p in ("/metrics", "/v1/models")])
+    client = TestClient(ApiGuard(ok, guard), base_url="http://localhost")
+    assert client.get("/metrics").status_code == 200
+    assert client.get("/v1/models").status_code == 401
+    closed = GuardConfig.for_bind(args.host, api_key="KEY")
+    assert TestClient(ApiGuard(ok, closed), base_url="http://localhost") \
+        .get("/metrics").status_code == 401
+
+
+@pytest.mark.parametrize("method,path,status", [
+    ("POST", "/v1/responses", 404), ("POST", "/v1/embeddings", 404), ("GET", "/nowhere", 404),
+    ("GET", "/v1/completions", 405), ("DELETE", "/v1/chat/completions", 405)])
+def test_unknown_routes_and_methods_are_json_errors(stack, method, path, status):
+    """OpenAI's clients read an error's JSON body: 404 and 405 come in its error shape."""
+    url, _ = stack
+    r = httpx.request(method, f"{url}{path}", timeout=10, headers={
+        "Authorization": "Bearer KEY"}, **({"json": BODY} if method == "POST" else {}))
+    err = _error(r, status)
+    assert r.headers["content-type"] == "application/json"
+    assert path in err["message"] and err["type"] == "invalid_request_error"
+    if status == 405:
+        assert "POST" in r.headers["allow"] and "POST" in err["message"]
+
+
+def test_an_sdk_asking_for_a_route_not_served_reads_the_error(stack):
+    openai = pytest.importorskip("openai")
+    url, _ = stack
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="KEY", max_retries=0, timeout=10)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.embeddings.create(model="acespec", input="x")
+    assert "/v1/embeddings" in e.value.message
 
 
 def test_oversized_body_is_413_and_health_stays_fast(stack):
