@@ -33,16 +33,17 @@ class GrammarError(ConfigError):
     """A grammar or schema llguidance cannot compile; the message says why."""
 
 
-def json_grammar(schema: dict | None, options: dict | None = None) -> str:
+def json_grammar(schema: dict | None, options: dict | None = None, check: bool = True) -> str:
     """The grammar of JSON text valid against `schema` (None: any JSON object), with
     llguidance's JSON options (e.g. {"whitespace_flexible": False}); GrammarError naming the
-    problem when llguidance cannot compile it."""
+    problem when llguidance cannot compile it (check=False: left to check_generates)."""
     try:
         grammar = _llguidance().LLMatcher.grammar_from_json_schema(
             {"type": "object"} if schema is None else schema, defaults=options)
     except (ValueError, TypeError, RuntimeError) as e:
         raise GrammarError(f"the JSON schema cannot be compiled: {e}") from None
-    check_grammar(grammar)
+    if check:
+        check_grammar(grammar)
     return grammar
 
 
@@ -53,10 +54,13 @@ def check_grammar(grammar: str) -> None:
 
 
 def check_generates(grammar: str) -> None:
-    """GrammarError when `grammar` generates no text at all (a schema that is only a $ref
-    cycle, {"$ref": "#"}): its matcher over single bytes, asked for the first one, stops.
-    Building the matcher builds the grammar's lexer, the bulk of what a grammar costs."""
+    """GrammarError when `grammar` cannot be compiled, or generates no text at all (a schema
+    that is only a $ref cycle, {"$ref": "#"}): its matcher over single bytes, asked for the
+    first one, stops. Building the matcher builds the grammar's lexer, the bulk of what a
+    grammar costs."""
     m = _llguidance().LLMatcher(_byte_tokenizer(), grammar, log_level=0)
+    if m.is_error():
+        raise GrammarError(f"the grammar cannot be compiled: {m.get_error()[:300]}")
     m.compute_bitmask()
     if m.is_error() or m.is_stopped():
         raise GrammarError("it generates no text (no JSON value satisfies it: a $ref cycle?)")

@@ -4,10 +4,12 @@ A request's structure (edge.api.structured) is checked for size as it is parsed;
 it (llguidance: the schema's grammar, then its lexer, to learn that it generates anything)
 takes from milliseconds to seconds, and runs here: in worker threads (llguidance drops the
 GIL while it builds), `at_once` at a time, so a flood of big schemas queues instead of taking
-every core from the drafter. A compile that runs past `seconds` is refused with a 400 naming
-the field, the limit and the schema's size; its thread finishes in the background (the size
-check bounds how long) and keeps its slot until then. Outcomes, refusals included, are kept
-by the schema's text, so a client that sends one schema with every request compiles it once.
+every core from the drafter (past `waiting` in line, a request gets 503 with Retry-After, as
+generations queued past --max-queue do). A compile that runs past `seconds` is refused with
+a 400 naming the field, the limit and the schema's size; its thread finishes in the
+background (the size check bounds how long) and keeps its slot until then. Outcomes,
+refusals included, are kept by the schema's text, so a client that sends one schema with
+every request compiles it once.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from acespec.edge.api.structured import Structure
 class CompileLimits:
     seconds: float = 2.0  # wall time one compile may take, once it runs
     at_once: int = 1  # compiles running together (the rest wait their turn)
+    waiting: int = 16  # compiles waiting their turn; more get 503 with Retry-After
     kept: int = 64  # outcomes kept by schema text
 
 
@@ -37,6 +40,7 @@ class GrammarWork:
         self._pool = ThreadPoolExecutor(limits.at_once, thread_name_prefix="grammar")
         self._slots: asyncio.Semaphore | None = None  # made in the server's loop
         self._kept: OrderedDict[tuple[str, str], str | ApiError] = OrderedDict()
+        self._waiting = 0
 
     async def compile(self, structure: Structure) -> str:
         """The structure's grammar; ApiError 400 naming the field when it cannot be
@@ -55,7 +59,15 @@ class GrammarWork:
     async def _run(self, structure: Structure) -> str | ApiError:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.limits.at_once)
-        await self._slots.acquire()  # the wait for a turn does not count against the limit
+        if self._slots.locked() and self._waiting >= self.limits.waiting:
+            raise ApiError(503, f"the server is busy compiling grammars ({self._waiting} "
+                           "waiting); retry shortly", kind="server_error", code="server_busy",
+                           headers={"Retry-After": "1"})
+        self._waiting += 1
+        try:
+            await self._slots.acquire()  # the wait for a turn does not count against the limit
+        finally:
+            self._waiting -= 1
         t0 = time.perf_counter()
         done = asyncio.get_running_loop().run_in_executor(self._pool, _outcome, structure)
         done.add_done_callback(lambda _: self._slots.release())

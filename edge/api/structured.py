@@ -232,8 +232,8 @@ def _compiled(schema: dict | None, param: str) -> str:
     """The grammar of JSON valid against `schema`; ApiError 400 naming `param` when it cannot
     be compiled or generates nothing."""
     try:
-        grammar = json_grammar(schema, COMPACT)
-        check_generates(grammar)
+        grammar = json_grammar(schema, COMPACT, check=False)
+        check_generates(grammar)  # (compiles it, too)
     except GrammarError as e:
         raise ApiError(400, f"'{param}': {e}", param, code="invalid_schema") from None
     return grammar
