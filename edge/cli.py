@@ -77,11 +77,12 @@ def add_parser(sub) -> None:
     _serve_flags(cf)
     cf.set_defaults(func=config.run_show)
     dr = esub.add_parser(
-        "doctor", help="check the verifier: reachable, key, TLS, the drafter's vocabulary",
+        "doctor", help="check the verifier (key, TLS, vocabulary) and measure the link",
         description="Reach the verifier with the settings edge serve would use (the file "
         "and these flags), check that it accepts the key and the TLS root and that the "
-        "drafter's vocabulary is the target's, measure the round trip, and say what it "
-        "found. Exit status 0 when every check passes, 1 when one fails.")
+        "drafter's vocabulary is the target's, measure the round trip and the link's rate "
+        "each way with a short probe (about 10 s at 50 kbit/s), and say what it found. Exit "
+        "status 0 when every check passes, 1 when one fails.")
     _model_options(dr, "verifier HOST:PORT (default: %(default)s)",
                    "drafter GGUF, or 'ngram' (default: the demo drafter)")
     _verifier_credentials(dr)

@@ -1,26 +1,23 @@
 """`acespec edge doctor`: with the settings `edge serve` would use (the file and the flags),
 load the drafter, reach the verifier (TLS, key), open one session (which the verifier refuses
-when the drafter's vocabulary is not its target's), time the round trip, and say in a few
-lines what it found and what to do about it."""
+when the drafter's vocabulary is not its target's), probe the link's round trip and rate each
+way (acespec.edge.link_probe), and say in a few lines what it found and what to do."""
 
 from __future__ import annotations
 
 import asyncio
-import statistics
 import sys
-import time
 
 import grpc
 
 from acespec import pairs
-from acespec.edge import commands, config
+from acespec.edge import commands, config, link_probe
 from acespec.edge.client import CloudSession, channel, read_token_file
 from acespec.shared.config import SamplingParams
 from acespec.shared.served import ServeParams
 
-HEALTH = "/grpc.health.v1.Health/Check"  # grpc.health.v1: an empty request asks for the server
-SERVING = b"\x08\x01"  # HealthCheckResponse{status: SERVING}
-PINGS = 5
+SAMPLE = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
+PROBE_S = 120.0  # the link probe's limit (about 5 s at 50 kbit/s, 50 ms)
 
 
 def run(args) -> int:
@@ -56,9 +53,6 @@ async def _check(args, codec, root: bytes | None, token: str | None) -> int:
                     "is it up, and serving plaintext (a TLS verifier needs tls-ca)?")
             return _fail(f"cannot reach the verifier at {args.cloud} within {args.timeout:g} s: "
                          f"{hint}")
-        rtts = [await _ping(ch, args.timeout) for _ in range(PINGS)]
-        print(f"round trip: {statistics.median(rtts) * 1e3:.0f} ms (median of {PINGS}, "
-              f"{min(rtts) * 1e3:.0f}-{max(rtts) * 1e3:.0f} ms)")
         try:
             model = await asyncio.wait_for(_open(ch, token, codec), args.timeout)
         except grpc.aio.AioRpcError as e:
@@ -66,20 +60,27 @@ async def _check(args, codec, root: bytes | None, token: str | None) -> int:
         except asyncio.TimeoutError:
             return _fail(f"the verifier at {args.cloud} opened no session within "
                          f"{args.timeout:g} s (busy, or wedged?)")
+        print(f"session: opened (target {model!r}; the drafter's vocabulary is the target's"
+              f"{', the key was accepted' if token else ''})")
+        tokens = codec.encode(SAMPLE) or [0]
+        try:
+            link = await asyncio.wait_for(
+                link_probe.probe(ch, tokens, codec.vocab_hash, token), PROBE_S)
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError) as e:
+            why = e.details() if isinstance(e, grpc.aio.AioRpcError) else f"over {PROBE_S} s"
+            return _fail(f"the link probe failed: {why}")
     finally:
         await ch.close()
-    print(f"session: opened (target {model!r}; the drafter's vocabulary is the target's"
-          f"{', the key was accepted' if token else ''})")
-    print(_advice(statistics.median(rtts)))
+    print(f"link: round trip {link.rtt_s * 1e3:.0f} ms, up "
+          f"{_rate(link.up_bps, link.up_at_least)}, down "
+          f"{_rate(link.down_bps, link.down_at_least)}")
+    print(_advice(link))
     return 0
 
 
-async def _ping(ch: grpc.aio.Channel, timeout: float) -> float:
-    check = ch.unary_unary(HEALTH, request_serializer=lambda _: b"",
-                           response_deserializer=lambda b: b)
-    t0 = time.perf_counter()
-    await check(None, timeout=timeout)
-    return time.perf_counter() - t0
+def _rate(bps: float, at_least: bool) -> str:
+    text = f"{bps / 1e6:.1f} Mbit/s" if bps >= 1e6 else f"{bps / 1e3:.1f} kbit/s"
+    return f">= {text}" if at_least else text
 
 
 async def _open(ch: grpc.aio.Channel, token: str | None, codec) -> str:
@@ -102,14 +103,13 @@ def _refused(e: grpc.aio.AioRpcError, args) -> str:
     return f"the verifier at {args.cloud} refused a session ({code.name}): {details}"
 
 
-def _advice(rtt_s: float) -> str:
-    ms = rtt_s * 1e3
-    if ms < 5:
-        say = ("the verifier is next door: drafting here saves the verifier's time more than "
-               "yours; any mode works")
+def _advice(link: link_probe.LinkRates) -> str:
+    if link.rtt_s < 0.005 and link.down_bps >= 100e6:
+        say = ("the verifier is on this network: drafting here spares the verifier's "
+               "compute more than your wait")
     else:
-        say = (f"at {ms:.0f} ms per round trip, drafting here hides the link: keep the "
-               "default mode")
+        say = (f"over a {link.rtt_s * 1e3:.0f} ms round trip, drafting here (the default mode) "
+               "keeps the verifier busy while the link carries only token ids and verdicts")
     return f"advice: {say}; for a laptop that roams, offline = \"local\" keeps answering " \
         "from the drafter while the link is down"
 
