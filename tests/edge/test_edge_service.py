@@ -83,8 +83,13 @@ def test_systemd_unit_installs_verifies_and_uninstalls(user, tmp_path):
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None,
                     reason="systemd-analyze is not installed (scripts/install.sh installs it)")
 def test_the_unit_passes_systemd_analyze_verify(user, tmp_path):
-    assert run(user, "install", "--manager", "systemd").returncode == 0
+    """... with a settings file whose path needs quoting and escaping in a unit."""
+    odd = tmp_path / "my 100% settings" / "edge.toml"
+    odd.parent.mkdir()
+    odd.write_text('cloud = "gpu-host:50051"\n')
+    assert run(user, "install", "--manager", "systemd", "--config", str(odd)).returncode == 0
     unit = user["xdg"] / "systemd" / "user" / "acespec-edge.service"
+    assert f'--config "{tmp_path}/my 100%% settings/edge.toml"\n' in unit.read_text()
     runtime = tmp_path / "runtime"  # the user manager's runtime folder: a container has none
     runtime.mkdir(mode=0o700)
     r = subprocess.run(["systemd-analyze", "verify", "--user", str(unit)],
