@@ -3,15 +3,18 @@
 # missing: root, Debian), dockerd (started when not running, stopped at exit if we started it),
 # the local base image when no registry answers, the wheelhouse, the images, then `docker compose
 # up`, a completion through the 50 Kbps / 50 ms link, a short bench through the link into a
-# mounted folder, and `docker compose down` leaving no container. Prints each step's time.
+# mounted folder, Prometheus (the observability profile) scraping the verifier and the edge with
+# the alert rules loaded, and `docker compose down` leaving no container. Prints each step's time.
 # Idempotent; warm runs reuse the engine, images, wheelhouse and layer cache.
 #
 #   COMPOSE_TEST_PORT   host port for the edge (default 18000)
+#   COMPOSE_TEST_PROMETHEUS_PORT   host port for Prometheus (default 19091)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 export COMPOSE_PROJECT_NAME=acespec-ci
 export EDGE_PORT=${COMPOSE_TEST_PORT:-18000}
+export PROMETHEUS_PORT=${COMPOSE_TEST_PROMETHEUS_PORT:-19091}
 COMPOSE_VERSION=2.40.3
 T0=$(date +%s)
 step_start=$T0
@@ -21,7 +24,7 @@ step() { local now; now=$(date +%s); say "$1: $(( now - step_start )) s"; step_s
 STARTED_DOCKERD=
 cleanup() {
   local rc=$?
-  if [ -n "${STACK_UP:-}" ]; then docker compose down -v --remove-orphans >/dev/null 2>&1 || true; fi
+  if [ -n "${STACK_UP:-}" ]; then docker compose --profile observability down -v --remove-orphans >/dev/null 2>&1 || true; fi
   if [ -n "$STARTED_DOCKERD" ]; then
     say "stopping the dockerd we started (pid $STARTED_DOCKERD)"
     kill "$STARTED_DOCKERD" 2>/dev/null || true
@@ -79,8 +82,8 @@ step "base image $ACESPEC_BASE"
 # 4. wheelhouse and images
 bash scripts/wheelhouse.sh
 step "wheelhouse"
-docker compose --profile bench build -q
-step "images (acespec-cloud, acespec-edge, acespec-dev)"
+docker compose --profile bench --profile observability build -q
+step "images (acespec-cloud, acespec-edge, acespec-dev, acespec-prometheus)"
 
 # 5. the stack, a completion through the link
 STACK_UP=1
@@ -112,7 +115,29 @@ fi
 docker compose logs wan 2>&1 | tail -n 3 >&2
 step "completion, chat completion, openai client through the 50 Kbps / 50 ms link"
 
-# 6. a short bench through the link into a mounted folder
+# 6. Prometheus (observability profile): both targets up, the verifier's calls counted, the
+# alert rules loaded and evaluated without error
+docker compose --profile observability up -d --wait --wait-timeout 300 prometheus
+"$PY" - "$PROMETHEUS_PORT" >&2 <<'PYEOF'
+import json, sys, time, urllib.parse, urllib.request
+base = f"http://127.0.0.1:{sys.argv[1]}/api/v1"
+def get(path, **q):
+    return json.loads(urllib.request.urlopen(f"{base}/{path}?{urllib.parse.urlencode(q)}", timeout=10).read())["data"]
+deadline = time.time() + 90
+while True:
+    up = {s["metric"]["job"]: s["value"][1] for s in get("query", query="up")["result"]}
+    calls = get("query", query="sum(acespec_requests_total)")["result"]
+    rules = [r for g in get("rules")["groups"] for r in g["rules"]]
+    if up == {"acespec-verifier": "1", "acespec-edge": "1"} and calls and float(calls[0]["value"][1]) >= 2 \
+            and rules and all(r["health"] == "ok" for r in rules):
+        break
+    assert time.time() < deadline, (up, calls, rules)
+    time.sleep(1)
+print(f"prometheus: targets {up}, verifier calls {calls[0]['value'][1]}, {len(rules)} alert rules ok")
+PYEOF
+step "observability: prometheus scrapes the verifier and the edge, alert rules evaluated"
+
+# 7. a short bench through the link into a mounted folder
 rm -rf "$ROOT/bench-out"; mkdir -p "$ROOT/bench-out"
 BENCH_MODES=ar,sd BENCH_ARGS="--per-category 1 --max-tokens 16" \
   docker compose --profile bench run --rm bench 2>&1 | tail -n 15 >&2
@@ -120,8 +145,8 @@ test -s "$ROOT/bench-out/results.json" && ls "$ROOT"/bench-out/*.png >/dev/null
 say "bench wrote: $(cd "$ROOT/bench-out" && ls | tr '\n' ' ')"
 step "short bench (ar, sd through 50kbit:50ms)"
 
-# 7. down leaves nothing
-docker compose --profile bench --profile tc --profile test down -v --remove-orphans >/dev/null 2>&1
+# 8. down leaves nothing
+docker compose --profile bench --profile tc --profile test --profile observability down -v --remove-orphans >/dev/null 2>&1
 STACK_UP=
 left=$(docker ps -aq --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME")
 [ -z "$left" ] || { say "containers left after down: $left"; exit 1; }

@@ -185,3 +185,25 @@ def test_every_panel_and_alert_returns_data_from_a_real_prometheus(tmp_path):
             prom.stop()
         cloud.stop()
         cloud.__exit__(None, None, None)
+
+
+def test_the_compose_profile_scrapes_the_verifier_and_the_edge():
+    """docker-compose.yml's observability profile: the image built from the same base as the
+    others, the config it reads mounted from deploy/prometheus, its targets the services'
+    metrics ports, and the edge answering a scrape addressed to its service name."""
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    prom = services["prometheus"]
+    assert prom["profiles"] == ["observability"]
+    assert prom["build"]["args"] == services["cloud"]["build"]["args"]
+    dockerfile = (ROOT / prom["build"]["dockerfile"]).read_text()
+    assert "ARG BASE=" in dockerfile and "install -y -q --no-install-recommends prometheus" \
+        in dockerfile
+    host, _, mounted = prom["volumes"][0].partition(":")
+    assert (ROOT / host).resolve() == RULES.parent and mounted.startswith("/etc/acespec-prometheus")
+    assert "--config.file=/etc/acespec-prometheus/compose.yml" in dockerfile
+    config = yaml.safe_load((RULES.parent / "compose.yml").read_text())
+    targets = {j["job_name"]: j["static_configs"][0]["targets"] for j in config["scrape_configs"]}
+    cloud, edge = services["cloud"]["command"], services["edge"]["command"]
+    assert targets["acespec-verifier"] == [f"cloud:{cloud[cloud.index('--metrics-port') + 1]}"]
+    assert targets["acespec-edge"] == [f"edge:{edge[edge.index('--port') + 1]}"]
+    assert edge[edge.index("--allow-host") + 1] == "edge"
