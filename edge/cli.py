@@ -79,17 +79,14 @@ def add_parser(sub) -> None:
     dr = esub.add_parser(
         "doctor", help="check the verifier (key, TLS, vocabulary) and measure the link",
         description="Reach the verifier with the settings edge serve would use (the file "
-        "and these flags), check that it accepts the key and the TLS root and that the "
+        "and the same flags as serve), check that it accepts the key and the TLS root and that the "
         "drafter's vocabulary is the target's, measure the round trip and the link's rate "
         "each way with a short probe (about 10 s at 50 kbit/s), and say what it found. Exit "
         "status 0 when every check passes, 1 when one fails.")
-    _model_options(dr, "verifier HOST:PORT (default: %(default)s)",
-                   "drafter GGUF, or 'ngram' (default: the demo drafter)")
-    _verifier_credentials(dr)
+    _serve_flags(dr)  # so that `edge serve ...` checks as `edge doctor ...`
     dr.add_argument("--timeout", type=number(float, 0.0, lo_open=True), default=10.0,
                     metavar="S", help="give up on the verifier after S seconds per check "
                     "(default: %(default)s)")
-    _config_flag(dr)
     dr.set_defaults(func=command(_doctor, "run"))
     sc = esub.add_parser(
         "service", help="start edge serve at login: a systemd user unit or a launchd agent",
@@ -187,17 +184,12 @@ def _service():
 
 def _drafting_options(p, cloud_help: str, drafter_help: str) -> None:
     """The verifier, the drafter and the engine's flags, shared by `generate` and `serve`."""
-    _model_options(p, cloud_help, drafter_help)
-    _add_engine_args(p, modes.EDGE_DEFAULT)
-
-
-def _model_options(p, cloud_help: str, drafter_help: str) -> None:
-    """The verifier and the drafter (`generate`, `serve` and `doctor`)."""
     p.add_argument("--cloud", default="localhost:50051", help=cloud_help)
     p.add_argument("--drafter", default=str(DEMO_DRAFTER), help=drafter_help)
     pairs.add_argument(p, drafter="drafter")
     p.add_argument("--tokenizer", default=str(DEMO_TARGET),
                    help="tokenizer.json or its folder, used with --drafter ngram")
+    _add_engine_args(p, modes.EDGE_DEFAULT)
 
 
 def _verifier_credentials(p) -> None:

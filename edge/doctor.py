@@ -74,7 +74,7 @@ async def _check(args, codec, root: bytes | None, token: str | None) -> int:
     print(f"link: round trip {link.rtt_s * 1e3:.0f} ms, up "
           f"{_rate(link.up_bps, link.up_at_least)}, down "
           f"{_rate(link.down_bps, link.down_at_least)}")
-    print(_advice(link))
+    print(_advice(link, args.offline))
     return 0
 
 
@@ -103,13 +103,16 @@ def _refused(e: grpc.aio.AioRpcError, args) -> str:
     return f"the verifier at {args.cloud} refused a session ({code.name}): {details}"
 
 
-def _advice(link: link_probe.LinkRates) -> str:
+def _advice(link: link_probe.LinkRates, offline: str) -> str:
     if link.rtt_s < 0.005 and link.down_bps >= 100e6:
         say = ("the verifier is on this network: drafting here spares the verifier's "
                "compute more than your wait")
     else:
         say = (f"over a {link.rtt_s * 1e3:.0f} ms round trip, drafting here (the default mode) "
                "keeps the verifier busy while the link carries only token ids and verdicts")
+    if offline == "local":
+        return f"advice: {say}; offline = \"local\": answers continue from the drafter, " \
+            "marked unverified, while the link is down"
     return f"advice: {say}; for a laptop that roams, offline = \"local\" keeps answering " \
         "from the drafter while the link is down"
 

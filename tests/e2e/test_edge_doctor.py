@@ -44,6 +44,7 @@ def test_doctor_reads_the_settings_file_and_opens_a_session(cloud, tmp_path):
     r = acespec("edge", "doctor", env=env, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"verifier: {addr} (plaintext, key from {key})" in r.stdout
+    assert 'for a laptop that roams, offline = "local"' in r.stdout
     assert "session: opened (target 'target:llama'; the drafter's vocabulary is the " \
            "target's, the key was accepted)" in r.stdout
     assert re.search(r"^link: round trip \d+ ms, up (>= )?[\d.]+ [kM]bit/s, down ", r.stdout,
@@ -68,6 +69,16 @@ def test_doctor_measures_the_link_through_sim_link(cloud, tmp_path):
     assert m, r.stdout
     rtt_ms, up, down = map(float, m.groups())
     assert abs(rtt_ms - 50) <= 10 and abs(up - 50) <= 10 and abs(down - 50) <= 10, m.group(0)
+
+
+def test_doctor_takes_serves_flags(cloud, tmp_path):
+    """`edge serve FLAGS` checks as `edge doctor FLAGS`."""
+    addr, key = cloud
+    r = acespec("edge", "doctor", "--cloud", addr, "--auth-token-file", str(key), "--pair",
+                "demo", "--port", "8123", "--max-concurrent", "4", "--offline", "local",
+                env=home_with(tmp_path, ""), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert 'offline = "local": answers continue from the drafter' in r.stdout
 
 
 def test_doctor_says_the_key_is_refused(cloud, tmp_path):
