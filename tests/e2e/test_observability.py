@@ -51,6 +51,19 @@ def panel_queries() -> list[tuple[str, str]]:
     return out
 
 
+def documented_queries() -> list[str]:
+    """The PromQL column of docs/deploy.md's metric tables (a row's first code span there).
+    Left out: the per-session gauges, which exist only while their sessions are open."""
+    out = []
+    for line in (ROOT / "docs" / "deploy.md").read_text().splitlines():
+        cells = re.split(r"(?<!\\)\|", line)
+        if len(cells) == 5 and cells[1].strip().startswith(("`acespec_", "`process_")):
+            expr = re.search(r"`([^`]+)`", cells[3]).group(1).replace("\\|", "|")
+            if "acespec_session_" not in expr:
+                out.append(expr)
+    return out
+
+
 def alert_rules() -> list[dict]:
     return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
 
@@ -69,6 +82,10 @@ def test_promtool_checks_the_rules_and_the_compose_config():
     assert {r["alert"] for r in alert_rules()} == {
         "AceSpecVerifierDown", "AceSpecTPGroupLost", "AceSpecKVPoolNearFull",
         "AceSpecTTFTHigh", "AceSpecErrorRate"}
+
+
+def test_every_documented_metric_has_its_query():
+    assert len(documented_queries()) >= 18
 
 
 def test_every_alert_expression_compares_with_a_number():
@@ -160,6 +177,9 @@ def test_every_panel_and_alert_returns_data_from_a_real_prometheus(tmp_path):
                 empty.append((title, expr))
             elif not any(math.isfinite(float(s["value"][1])) for s in result):
                 nan.append((title, expr, result))
+        for expr in documented_queries():
+            if not prom.query(expr):
+                empty.append(("docs/deploy.md", expr))
         for rule in alert_rules():
             if not prom.query(as_bool(rule["expr"])):
                 empty.append((rule["alert"], as_bool(rule["expr"])))
