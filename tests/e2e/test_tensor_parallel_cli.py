@@ -59,6 +59,7 @@ def test_greedy_generate_through_tp2_equals_tp1(reference):
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         moved = float(re.search(r"^acespec_tp_allreduce_bytes (\S+)", metrics, re.M).group(1))
         assert moved > 0
+        assert re.search(r"^acespec_tp_ranks 2\.0$", metrics, re.M)
         code, took = proc.stop()
         assert code == 0 and "verifier stopped" in proc.stderr
         assert not _ranks_alive(proc)  # rank 0 waited for its ranks
