@@ -1,6 +1,7 @@
 """`edge serve` from the command line through a verifier restart and a SIGTERM: an in-flight
 stream resumes on the new verifier with exactly its text, /health and /ready say the
-verifier is down meanwhile, and SIGTERM ends open streams at once with an error and [DONE]."""
+verifier is down meanwhile (a new request gets 503), a new request finds the verifier as
+soon as it is back, and SIGTERM ends open streams at once with an error and [DONE]."""
 
 from __future__ import annotations
 
@@ -78,8 +79,15 @@ def test_stream_rides_out_a_verifier_restart(tiny_pair, tiny_hf_dir):
         assert health["verifier"] == "unreachable"
         assert httpx.get(f"{url}/ready", timeout=10).status_code == 503
         time.sleep(3)  # a restart takes a while
+        t0 = time.monotonic()
+        down = httpx.post(f"{url}/v1/completions", timeout=30, json={**REQ, "stream": False})
+        assert down.status_code == 503 and time.monotonic() - t0 < 4  # new requests: told
         cloud.__exit__()
         cloud = _cloud(tiny_hf_dir, cport)
+        t0 = time.monotonic()  # the verifier is back: a new request finds it at once
+        back = httpx.post(f"{url}/v1/completions", timeout=30, json={
+            **REQ, "stream": False, "max_tokens": 4})
+        assert back.status_code == 200 and time.monotonic() - t0 < 1.5, back.text
         t.join(90)
         assert got[-1] == "data: [DONE]", got[-5:]
         assert not any('"error"' in x for x in got)
