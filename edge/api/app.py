@@ -263,13 +263,13 @@ def _cloud_error(e: Exception, req: CompletionRequest | None = None) -> ApiError
         return ApiError(503, "the cloud verifier is unreachable; retry shortly",
                         kind="service_unavailable", headers={"Retry-After": "1"})
     code, details = e.code(), e.details() or ""
-    if "grammar" in details and req is not None and req.structure is not None:
+    refused = code in _CLIENT_CODES or code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    if refused and "grammar" in details and req is not None and req.structure is not None:
         return ApiError(400, f"the verifier refused the request's grammar: {details}",
                         req.structure.param, code="grammar_too_large"
                         if code == grpc.StatusCode.RESOURCE_EXHAUSTED or "more than" in details
                         else "invalid_schema")
-    if "prompt" in details and (code in _CLIENT_CODES
-                                or code == grpc.StatusCode.RESOURCE_EXHAUSTED):
+    if refused and "prompt" in details:
         return ApiError(400, f"the verifier refused the request: {details}", "prompt",
                         code="context_length_exceeded")
     if code in _CLIENT_CODES:
