@@ -152,7 +152,7 @@ def _routes(svc: EdgeService) -> Starlette:
             if req.stream:
                 try:  # what can be refused is refused before the stream starts
                     echoed = await _unless_disconnected(request, echo(svc, req, prompt),
-                                                        svc.stopping)
+                                                        svc.stopping) if req.echo else None
                 except BaseException:
                     release()
                     raise
