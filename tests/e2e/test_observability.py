@@ -132,6 +132,13 @@ class Prometheus:
         assert data["resultType"] == "vector", (expr, data)
         return data["result"]
 
+    def wait_for(self, expr: str, timeout: float = 60) -> None:
+        """Until `expr` has a result."""
+        deadline = time.monotonic() + timeout
+        while not self.query(expr):
+            assert time.monotonic() < deadline, f"no result for {expr} within {timeout} s"
+            time.sleep(0.2)
+
     def stop(self) -> None:
         self.p.terminate()
         try:
@@ -160,15 +167,14 @@ def test_every_panel_and_alert_returns_data_from_a_real_prometheus(tmp_path):
     prom = None
     try:
         prom = Prometheus(tmp_path, [f"127.0.0.1:{mport}"])
+        prom.wait_for('up{job="acespec-verifier"} == 1')  # scraped before the load, so its
+        # rates see the counters rise
         with ThreadPoolExecutor(2) as pool:  # two at a time: requests queue for passes
             runs = list(pool.map(lambda job: generate_json(addr, job[0], *job[1],
                                                            "--max-tokens", "40"), LOAD * 2))
         assert all(len(r["token_ids"]) == 40 for r in runs)
-        loaded = time.time()
-        while not [s for s in prom.query('timestamp(up{job="acespec-verifier"})')
-                   if float(s["value"][1]) > loaded + 1]:  # a scrape after the load
-            time.sleep(0.2)
-        time.sleep(1.5)  # ... and an evaluation of the rules after it
+        prom.wait_for(f'timestamp(up{{job="acespec-verifier"}}) > {time.time() + 1:.3f}')
+        time.sleep(1.5)  # a scrape after the load, and an evaluation of the rules after it
 
         empty, nan = [], []
         for title, expr in panel_queries():
