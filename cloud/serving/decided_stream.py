@@ -90,7 +90,8 @@ class DecidedStreams:
         """The verifier decides (docs/design.md §3): pass after pass, never waiting for the link;
         Grow messages that arrived meanwhile are applied before each pass. Ends when the
         session is done (its last Decided carries the counts) or the edge half-closes.
-        opened: the session's Opened, still to send (before the next Decided)."""
+        opened: the session's Opened, still to send (before the next Decided); clock: the
+        call's timeline (acespec.cloud.serving.metrics)."""
         inbox: asyncio.Queue = asyncio.Queue(INBOX)
         reader = asyncio.create_task(self.read_ahead(context, inbox))
 
