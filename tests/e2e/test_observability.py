@@ -1,5 +1,5 @@
 """The dashboard and the alert rules against real parts: Debian's `promtool` checks the
-rules and the compose scrape config; a real Prometheus scrapes a real verifier (started
+rules and the compose scrape config and runs the rules' unit tests; a real Prometheus scrapes a real verifier (started
 from the shell) under a short load of every kind of call, and every dashboard panel's
 query and every alert's expression returns data through Prometheus's HTTP API."""
 
@@ -82,6 +82,18 @@ def test_promtool_checks_the_rules_and_the_compose_config():
     assert {r["alert"] for r in alert_rules()} == {
         "AceSpecVerifierDown", "AceSpecTPGroupLost", "AceSpecKVPoolNearFull",
         "AceSpecTTFTHigh", "AceSpecErrorRate"}
+
+
+def test_each_alert_fires_on_its_condition_and_only_then():
+    """promtool's rule unit tests (tests/data/alerts_test.yml): every alert, on series that
+    should fire it and on a healthy fleet."""
+    cases = ROOT / "tests" / "data" / "alerts_test.yml"
+    p = subprocess.run([PROMTOOL, "test", "rules", str(cases)], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and "SUCCESS" in p.stdout, p.stdout + p.stderr
+    fired = {t["alertname"] for case in yaml.safe_load(cases.read_text())["tests"]
+             for t in case["alert_rule_test"] if t["exp_alerts"]}
+    assert fired == {r["alert"] for r in alert_rules()}
 
 
 def test_every_documented_metric_has_its_query():
