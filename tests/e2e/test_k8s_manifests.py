@@ -2,8 +2,8 @@
 renders them, each resource valid against the Kubernetes API's schemas (kubernetes-validate,
 strict) and wired to the others: probes on the verifier's gRPC health, the scrape
 annotations on its metrics port, a headless Service and a PodDisruptionBudget over its pods,
-Envoy hashing on the session header over that Service, the tensor-parallel and demo
-variants; and Envoy's ring hash, modelled, keeps a session on one verifier and moves about
+Envoy hashing on the session header over that Service (its config parsed against Envoy's
+API protos), the tensor-parallel and demo variants; and Envoy's ring hash, modelled, keeps a session on one verifier and moves about
 a third of them when one of three goes away."""
 
 from __future__ import annotations
@@ -19,6 +19,15 @@ import kubernetes_validate
 import pytest
 import xxhash
 import yaml
+from envoy.config.bootstrap.v3 import bootstrap_pb2
+
+# The typed configs the shipped Envoy config names: imported, their types resolve.
+from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
+from envoy.extensions.filters.network.http_connection_manager.v3 import (  # noqa: F401
+    http_connection_manager_pb2,
+)
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
+from google.protobuf import json_format
 
 from acespec.proto import SESSION_KEY
 
@@ -172,6 +181,18 @@ def test_the_verifier_is_probed_scraped_and_served_headless():
 
 def envoy_config(docs: list[dict]) -> dict:
     return yaml.safe_load(find(docs, "ConfigMap", "acespec-envoy")["data"]["envoy.yaml"])
+
+
+def test_the_envoy_config_is_what_envoy_reads():
+    """Parsed as Envoy parses its bootstrap: against Envoy's API protos (xds-protos), every
+    field and every typed config known; a misspelt field is refused."""
+    cfg = envoy_config(render(DEPLOY / "k8s/base"))
+    boot = json_format.ParseDict(cfg, bootstrap_pb2.Bootstrap())
+    (cluster,) = boot.static_resources.clusters
+    assert cluster.ring_hash_lb_config.minimum_ring_size.value == 1024
+    cfg["static_resources"]["clusters"][0]["lb_polcy"] = "RING_HASH"
+    with pytest.raises(json_format.ParseError, match="lb_polcy"):
+        json_format.ParseDict(cfg, bootstrap_pb2.Bootstrap())
 
 
 def test_envoy_hashes_sessions_over_the_headless_service():
