@@ -53,17 +53,40 @@ def check_grammar(grammar: str) -> None:
         raise GrammarError(f"the grammar cannot be compiled: {'; '.join(messages)[:300]}")
 
 
-def check_generates(grammar: str) -> None:
-    """GrammarError when `grammar` cannot be compiled, or generates no text at all (a schema
-    that is only a $ref cycle, {"$ref": "#"}): its matcher over single bytes, asked for the
-    first one, stops. Building the matcher builds the grammar's lexer, the bulk of what a
-    grammar costs."""
-    m = _llguidance().LLMatcher(_byte_tokenizer(), grammar, log_level=0)
+def new_matcher(tokenizer, grammar: str):
+    """A matcher of `grammar` at the start of text, over `tokenizer`'s vocabulary (None: the
+    256 bytes); GrammarError naming the problem when it cannot be built. Building it builds
+    the grammar's lexer, the bulk of what a grammar costs (seconds for a large schema); a
+    copy of it (LLMatcher.deep_copy) costs microseconds."""
+    m = _llguidance().LLMatcher(tokenizer or _byte_tokenizer(), grammar, log_level=0)
     if m.is_error():
         raise GrammarError(f"the grammar cannot be compiled: {m.get_error()[:300]}")
-    m.compute_bitmask()
-    if m.is_error() or m.is_stopped():
-        raise GrammarError("it generates no text (no JSON value satisfies it: a $ref cycle?)")
+    return m
+
+
+def check_generates(grammar: str, pristine=None, steps: int = 8) -> None:
+    """GrammarError when `grammar` cannot be compiled, generates no text at all (a schema
+    that is only a $ref cycle, {"$ref": "#"}: its matcher, asked for the first token, stops),
+    or cannot be followed over its first `steps` tokens (each the lowest id it allows):
+    llguidance gives up on a grammar past its limits as it is followed (an object of more
+    than about 500 optional properties, after its "{"), and a mask it cannot compute would
+    leave the answer unconstrained. `pristine`: the grammar's new_matcher, if one is built
+    (else one over bytes is)."""
+    m = (pristine or new_matcher(None, grammar)).deep_copy()
+    for step in range(steps):
+        allowed = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8),
+                                bitorder="little")
+        if m.is_error() or m.is_stopped():
+            if step == 0:
+                raise GrammarError("it generates no text (no JSON value satisfies it: a $ref "
+                                   "cycle?)")
+            break  # (stopped: a whole answer)
+        if not m.consume_token(int(np.flatnonzero(allowed)[0])) or m.is_error():
+            raise GrammarError(f"it is too complex to follow: {_first_line(m.get_error())}")
+
+
+def _first_line(error: str) -> str:
+    return error.split("<state>")[0].strip().splitlines()[0][:300] if error else "unknown"
 
 
 @lru_cache(maxsize=1)
@@ -96,13 +119,15 @@ def tokenizer_from_pieces(pieces: Sequence[bytes], eos_id: int, bos_id: int | No
 
 
 class Cursor:
-    """A grammar's matcher, kept at the text it was last asked about."""
+    """A grammar's matcher, kept at the text it was last asked about. It keeps the matcher
+    at the start of text too (`pristine`, built once, or given: new_matcher's over the same
+    tokenizer), and copies it where a matcher must start over."""
 
-    def __init__(self, tokenizer, grammar: str, output_from: int, vocab: int):
+    def __init__(self, tokenizer, grammar: str, output_from: int, vocab: int,
+                 pristine=None):
         self.tokenizer, self.grammar = tokenizer, grammar
-        self.matcher = _llguidance().LLMatcher(tokenizer, grammar, log_level=0)
-        if self.matcher.is_error():
-            raise GrammarError(f"the grammar cannot be used: {self.matcher.get_error()}")
+        self.pristine = pristine or new_matcher(tokenizer, grammar)
+        self.matcher = self.pristine.deep_copy()
         self.output_from, self.vocab = output_from, vocab
         self.consumed: list[int] = []  # output tokens the matcher holds
 
@@ -129,7 +154,7 @@ class Cursor:
 
     def _rebuilt(self):
         """A matcher at `consumed` again, after a token it refused (an error state sticks)."""
-        m = _llguidance().LLMatcher(self.tokenizer, self.grammar, log_level=0)
+        m = self.pristine.deep_copy()
         m.consume_tokens(self.consumed)
         return m
 

@@ -10,6 +10,11 @@ a 400 naming the field, the limit and the schema's size; its thread finishes in 
 background (the size check bounds how long) and keeps its slot until then. Outcomes,
 refusals included, are kept by the schema's text, so a client that sends one schema with
 every request compiles it once.
+
+With a drafter that drafts within grammars (LlamaDrafter), the lexer is built over the
+drafter's vocabulary here, and the drafter keeps the matcher (prepare_grammar): its first
+draft in the grammar copies it instead of building it under the drafter's lock, where every
+other request's drafting would wait.
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 from acespec.edge.api.errors import ApiError
 from acespec.edge.api.structured import Structure
+from acespec.shared.grammar import new_matcher
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,16 @@ class CompileLimits:
     at_once: int = 1  # compiles running together (the rest wait their turn)
     waiting: int = 16  # compiles waiting their turn; more get 503 with Retry-After
     kept: int = 64  # outcomes kept by schema text
+
+
+class GrammarDrafter(Protocol):
+    """A drafter that drafts within grammars, and keeps their matchers built ahead."""
+
+    def grammar_tokenizer(self) -> object: ...
+
+    def prepare_grammar(self, grammar: str, matcher: object) -> None: ...
+
+    def is_prepared(self, grammar: str) -> bool: ...
 
 
 class GrammarWork:
@@ -42,21 +60,26 @@ class GrammarWork:
         self._kept: OrderedDict[tuple[str, str], str | ApiError] = OrderedDict()
         self._waiting = 0
 
-    async def compile(self, structure: Structure) -> str:
-        """The structure's grammar; ApiError 400 naming the field when it cannot be
-        compiled, generates nothing, or takes longer than the limit."""
+    async def compile(self, structure: Structure, drafter: GrammarDrafter | None = None) -> str:
+        """The structure's grammar (its matcher prepared in `drafter`); ApiError 400 naming
+        the field when it cannot be compiled, generates nothing, or takes longer than the
+        limit."""
         key = (structure.param, structure.text)
         outcome = self._kept.get(key)
         if outcome is None:
-            outcome = await self._run(structure)
+            outcome = await self._run(lambda: _outcome(structure, drafter), structure)
             self._keep(key, outcome)
         else:
             self._kept.move_to_end(key)
+            if isinstance(outcome, str) and drafter is not None and \
+                    not drafter.is_prepared(outcome):  # kept here, no longer there
+                await self._run(lambda: _prepare(outcome, drafter), structure)
         if isinstance(outcome, ApiError):
             raise outcome
         return outcome
 
-    async def _run(self, structure: Structure) -> str | ApiError:
+    async def _run(self, work: Callable[[], str | ApiError],
+                   structure: Structure) -> str | ApiError:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.limits.at_once)
         if self._slots.locked() and self._waiting >= self.limits.waiting:
@@ -69,7 +92,7 @@ class GrammarWork:
         finally:
             self._waiting -= 1
         t0 = time.perf_counter()
-        done = asyncio.get_running_loop().run_in_executor(self._pool, _outcome, structure)
+        done = asyncio.get_running_loop().run_in_executor(self._pool, work)
         done.add_done_callback(lambda _: self._slots.release())
         try:
             return await asyncio.wait_for(asyncio.shield(done), self.limits.seconds)
@@ -86,9 +109,18 @@ class GrammarWork:
             self._kept.popitem(last=False)
 
 
-def _outcome(structure: Structure) -> str | ApiError:
-    """The grammar, or the refusal (kept like a grammar)."""
+def _outcome(structure: Structure, drafter: GrammarDrafter | None) -> str | ApiError:
+    """The grammar (its matcher prepared in the drafter), or the refusal (kept alike)."""
     try:
-        return structure.compile()
+        tokenizer = drafter.grammar_tokenizer() if drafter is not None else None
+        grammar, matcher = structure.compile(tokenizer)
     except ApiError as e:
         return e
+    if drafter is not None:
+        drafter.prepare_grammar(grammar, matcher)
+    return grammar
+
+
+def _prepare(grammar: str, drafter: GrammarDrafter) -> str:
+    drafter.prepare_grammar(grammar, new_matcher(drafter.grammar_tokenizer(), grammar))
+    return grammar

@@ -118,7 +118,8 @@ class EdgeService:
         the field when its structure cannot be compiled, or its session cannot serve it
         (checked before any stream starts)."""
         if req.structure is not None:
-            req = replace(req, grammar=await self.grammars.compile(req.structure))
+            drafter = self.drafter if hasattr(self.drafter, "prepare_grammar") else None
+            req = replace(req, grammar=await self.grammars.compile(req.structure, drafter))
         self.config(req, 0)
         return req
 

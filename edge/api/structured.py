@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from acespec.edge.api.errors import ApiError
 from acespec.proto.codec import MAX_GRAMMAR_CHARS
-from acespec.shared.grammar import GrammarError, check_generates, check_grammar, json_grammar
+from acespec.shared.grammar import GrammarError, check_generates, json_grammar, new_matcher
 
 COMPACT = {"whitespace_flexible": False}  # JSON without spare whitespace: fewer tokens
 MAX_SCHEMA_CHARS = MAX_GRAMMAR_CHARS  # a schema's JSON text: its grammar carries it whole,
@@ -52,21 +52,25 @@ class Structure:
     def size(self) -> int:
         return len(self.text)
 
-    def compile(self) -> str:
-        """llguidance's grammar; ApiError 400 naming the field when a schema cannot be
-        compiled, generates nothing, or makes a grammar longer than the verifier takes."""
+    def compile(self, tokenizer=None) -> tuple[str, object]:
+        """(llguidance's grammar, its matcher at the start of text over `tokenizer`'s
+        vocabulary (None: the 256 bytes), which a drafter can copy); ApiError 400 naming the
+        field when a schema cannot be compiled, generates nothing, or makes a grammar longer
+        than the verifier takes."""
         if self.tools is None:
-            grammar = _compiled(self.schema, "response_format.json_schema.schema"
-                                if self.schema is not None else "response_format")
+            at = "response_format" if self.schema is None else \
+                "response_format.json_schema.schema"
+            grammar = _grammar_text(self.schema, at)
         else:
             for i, spec in enumerate(self.tools.checked):
-                _compiled(spec["parameters"], f"tools[{i}].function.parameters")
-            grammar = _tools_grammar(self.tools.specs, self.tools.choice)
+                at = f"tools[{i}].function.parameters"
+                _matcher(_grammar_text(spec["parameters"], at), at)
+            grammar, at = _tools_grammar(self.tools.specs, self.tools.choice), "tools"
         if len(grammar) > MAX_GRAMMAR_CHARS:
             raise ApiError(400, f"'{self.param}' makes a grammar of {len(grammar)} characters; "
                            f"the verifier takes at most {MAX_GRAMMAR_CHARS}", self.param,
                            code="grammar_too_large")
-        return grammar
+        return grammar, _matcher(grammar, at, tokenizer)
 
 
 def _measured(param: str, value) -> str:
@@ -132,7 +136,7 @@ def _check_json_schema_fields(spec: dict) -> None:
 def response_grammar(value) -> str | None:
     """The grammar of `response_format`, compiled here and now (None: free text)."""
     structure = response_structure(value)
-    return None if structure is None else structure.compile()
+    return None if structure is None else structure.compile()[0]
 
 
 def parse_tools(tools, choice) -> Tools | None:
@@ -216,27 +220,31 @@ def call_schema(specs: tuple[dict, ...]) -> dict:
 def _tools_grammar(specs: tuple[dict, ...], choice: str) -> str:
     schema = call_schema(specs)
     if choice != "auto":
-        return _compiled(schema, "tools")
+        return _grammar_text(schema, "tools")
     from llguidance import LLMatcher  # lazy: only a request with tools loads llguidance
 
     lark = f"start: call | text\ncall: %json {json.dumps(schema)}\ntext: /[^{{](.|\\n)*/\n"
-    try:
-        grammar = LLMatcher.grammar_from_lark(lark)
-        check_grammar(grammar)
-    except (GrammarError, ValueError) as e:
-        raise ApiError(400, f"the tools cannot be compiled to a grammar: {e}", "tools") from None
-    return grammar
+    return LLMatcher.grammar_from_lark(lark)
 
 
-def _compiled(schema: dict | None, param: str) -> str:
-    """The grammar of JSON valid against `schema`; ApiError 400 naming `param` when it cannot
-    be compiled or generates nothing."""
+def _grammar_text(schema: dict | None, param: str) -> str:
+    """The grammar of JSON valid against `schema`, not yet checked (_matcher does)."""
     try:
-        grammar = json_grammar(schema, COMPACT, check=False)
-        check_generates(grammar)  # (compiles it, too)
+        return json_grammar(schema, COMPACT, check=False)
     except GrammarError as e:
         raise ApiError(400, f"'{param}': {e}", param, code="invalid_schema") from None
-    return grammar
+
+
+def _matcher(grammar: str, param: str, tokenizer=None):
+    """The grammar's matcher at the start of text (its lexer built over `tokenizer`'s
+    vocabulary, None: the bytes'); ApiError 400 naming `param` when it cannot be compiled or
+    generates nothing."""
+    try:
+        pristine = new_matcher(tokenizer, grammar)
+        check_generates(grammar, pristine)
+    except GrammarError as e:
+        raise ApiError(400, f"'{param}': {e}", param, code="invalid_schema") from None
+    return pristine
 
 
 def tool_calls(text: str, tools: Tools) -> list[dict] | None:

@@ -29,6 +29,7 @@ from acespec.shared.shaping import shape
 from acespec.shared.tokenizer import vocab_hash
 
 log = logging.getLogger(__name__)
+PREPARED = 8  # grammars whose matchers a drafter keeps built (prepare_grammar)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class LlamaDrafter:
         self._last: dict[int, np.ndarray] = {}  # seq -> logits [V] after its last held token
         self._grammars: dict[int, Cursor] = {}  # seq -> the grammar its request drafts in
         self._grammar_vocab = None  # llguidance's tokenizer of this vocabulary (made once)
+        self._prepared: dict[str, object] = {}  # grammar -> its matcher at the start of text
         log.info("drafter %s: vocab %d, n_ctx %d, %d sequences", self.path.name,
                  self.vocab_size, config.n_ctx, config.n_seq_max)
 
@@ -203,6 +205,32 @@ class LlamaDrafter:
     def held(self, seq: int = 0) -> list[int]:
         return list(self._held.get(seq, []))
 
+    @_locked
+    def grammar_tokenizer(self):
+        """llguidance's tokenizer of this vocabulary (made on first use)."""
+        if self._grammar_vocab is None:  # (it reads self._vocab: dropped by close)
+            # lazy: only a request that asks for structure loads llguidance
+            from llguidance.llamacpp import lltokenizer_from_vocab
+
+            with warnings.catch_warnings():  # it calls a llama.cpp name now deprecated
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._grammar_vocab = lltokenizer_from_vocab(self._vocab)
+        return self._grammar_vocab
+
+    @_locked
+    def prepare_grammar(self, grammar: str, matcher) -> None:
+        """Keep `grammar`'s matcher at the start of text, built over grammar_tokenizer() by
+        the caller (seconds for a large schema) without this drafter's lock: a request's
+        first draft in it then copies it, and others' drafting does not wait on the build.
+        The last PREPARED grammars are kept."""
+        self._prepared.pop(grammar, None)
+        self._prepared[grammar] = matcher
+        while len(self._prepared) > PREPARED:
+            del self._prepared[next(iter(self._prepared))]
+
+    def is_prepared(self, grammar: str) -> bool:
+        return grammar in self._prepared
+
     def _grammar(self, sampling: SamplingParams, seq: int) -> Cursor | None:
         """The request's grammar as seen from `seq` (a cursor per sequence: the tree's
         branches each follow their own text)."""
@@ -211,15 +239,9 @@ class LlamaDrafter:
         cur = self._grammars.get(seq)
         if cur is None or (cur.grammar, cur.output_from) != (sampling.grammar,
                                                              sampling.output_from):
-            if self._grammar_vocab is None:  # (it reads self._vocab: dropped by close)
-                # lazy: only a request that asks for structure loads llguidance
-                from llguidance.llamacpp import lltokenizer_from_vocab
-
-                with warnings.catch_warnings():  # it calls a llama.cpp name now deprecated
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    self._grammar_vocab = lltokenizer_from_vocab(self._vocab)
-            cur = self._grammars[seq] = Cursor(self._grammar_vocab, sampling.grammar,
-                                               sampling.output_from, self.vocab_size)
+            cur = self._grammars[seq] = Cursor(self.grammar_tokenizer(), sampling.grammar,
+                                               sampling.output_from, self.vocab_size,
+                                               self._prepared.get(sampling.grammar))
         return cur
 
     # -- evaluation --------------------------------------------------------
@@ -383,6 +405,7 @@ class LlamaDrafter:
     @_locked
     def close(self) -> None:
         self._grammars, self._grammar_vocab = {}, None  # they read the vocabulary freed here
+        self._prepared = {}
         if getattr(self, "_ctx", None):
             self._ll.llama_batch_free(self._batch)
             self._ll.llama_free(self._ctx)

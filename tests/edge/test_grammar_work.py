@@ -17,9 +17,13 @@ from acespec.edge.api.grammar_work import CompileLimits, GrammarWork  # noqa: E4
 from acespec.edge.api.structured import response_structure  # noqa: E402
 
 
-def structure(n_properties: int, prefix: str = "p"):
-    schema = {"type": "object", "properties": {f"{prefix}{i}": {"type": "string"}
-                                               for i in range(n_properties)}}
+def structure(n_properties: int, prefix: str = "p", required: bool = False):
+    """An object schema of n string properties: optional (past about 500, too complex for
+    llguidance to follow), or all required (a sequence: cheap to follow)."""
+    names = [f"{prefix}{i}" for i in range(n_properties)]
+    schema = {"type": "object", "properties": {n: {"type": "string"} for n in names}}
+    if required:
+        schema |= {"required": names, "additionalProperties": False}
     return response_structure({"type": "json_schema", "json_schema": {"schema": schema}})
 
 
@@ -63,14 +67,28 @@ def test_a_compile_runs_off_the_loop_and_a_slow_one_is_refused_by_name():
 def test_compiles_past_the_waiting_line_are_503():
     async def main():
         work = GrammarWork(CompileLimits(seconds=5.0, at_once=1, waiting=1))
-        first = asyncio.ensure_future(work.compile(structure(1500, "a")))
-        await asyncio.sleep(0.01)  # it runs; the next waits its turn
-        second = asyncio.ensure_future(work.compile(structure(1500, "b")))
+        first = asyncio.ensure_future(work.compile(structure(2000, "a")))
+        await asyncio.sleep(0.01)  # it runs (~0.4 s); the next waits its turn
+        second = asyncio.ensure_future(work.compile(structure(2000, "b")))
         await asyncio.sleep(0.01)
         with pytest.raises(ApiError) as e:
-            await work.compile(structure(1500, "c"))
+            await work.compile(structure(2000, "c"))
         assert e.value.status == 503 and e.value.headers == {"Retry-After": "1"}
-        assert all(isinstance(g, str) for g in await asyncio.gather(first, second))
+        for done in await asyncio.gather(first, second, return_exceptions=True):
+            assert isinstance(done, ApiError) and done.status == 400, done  # too complex
+    asyncio.run(main())
+
+
+def test_an_object_too_complex_to_follow_is_refused_naming_the_schema():
+    """600 optional properties: llguidance gives up after "{" (a mask it cannot compute
+    would leave the answer unconstrained); 3,000 required ones are served."""
+    async def main():
+        work = GrammarWork()
+        with pytest.raises(ApiError) as e:
+            await work.compile(structure(600))
+        assert e.value.param == "response_format.json_schema.schema"
+        assert "too complex to follow" in e.value.message and e.value.code == "invalid_schema"
+        assert '"p2999"' in await work.compile(structure(3000, required=True))
     asyncio.run(main())
 
 
@@ -83,3 +101,55 @@ def test_a_schema_that_generates_nothing_is_refused_naming_it():
         assert e.value.param == "response_format.json_schema.schema"
         assert "generates no text" in e.value.message
     asyncio.run(main())
+
+
+def test_the_drafters_matcher_is_built_without_its_lock(tiny_pair):
+    """With a llama.cpp drafter, the lexer is built over its vocabulary in the compiler's
+    worker: another request's drafting goes on meanwhile (it would wait on the drafter's
+    lock for the whole build), and the first draft in the grammar copies the prepared
+    matcher (in much less time than the build) and drafts within it."""
+    pytest.importorskip("llama_cpp")
+    import threading
+
+    import numpy as np
+
+    from acespec.edge.drafting.llama import LlamaDrafter
+    from acespec.shared.config import SamplingParams
+    from acespec.shared.grammar import Cursor
+
+    drafter = LlamaDrafter(tiny_pair[2]["q8_0"])
+    stop, gaps = threading.Event(), []
+
+    def other_request():
+        last = time.perf_counter()
+        while not stop.is_set():
+            drafter.draft([1, 2, 3], 2, SamplingParams(), np.random.default_rng(0), seq=1)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async def main():
+        return await GrammarWork().compile(structure(6000, required=True), drafter)
+    t = threading.Thread(target=other_request)
+    t.start()
+    try:
+        t0 = time.perf_counter()
+        grammar = asyncio.run(main())
+        built = time.perf_counter() - t0
+    finally:
+        stop.set()
+        t.join()
+    try:
+        assert drafter.is_prepared(grammar) and built > 0.2, built
+        assert max(gaps) < built / 2, (max(gaps), built)
+        t0 = time.perf_counter()
+        draft = drafter.draft([1, 2], 6, SamplingParams(grammar=grammar, output_from=2),
+                              np.random.default_rng(0), seq=2)
+        assert time.perf_counter() - t0 < built / 2
+        cursor = Cursor(drafter.grammar_tokenizer(), grammar, 2, drafter.vocab_size)
+        text = [1, 2]
+        for token in draft.tokens:  # every draft within the grammar
+            assert cursor.mask(text)[token]
+            text.append(int(token))
+    finally:
+        drafter.close()

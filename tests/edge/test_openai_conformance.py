@@ -43,7 +43,7 @@ def parsed(body: dict, chat_endpoint: bool = True):
     """The request as the server serves it: parsed, then its structure compiled."""
     req = parse_request(body, chat_endpoint, render)
     if req.structure is not None:
-        req = dataclasses.replace(req, grammar=req.structure.compile())
+        req = dataclasses.replace(req, grammar=req.structure.compile()[0])
     return req
 
 
