@@ -245,11 +245,20 @@ def run_serve(args) -> int:
         return EXIT_USAGE
     also = "".join(f", also {a!r}" for a in svc.aliases)
     print(f"acespec edge listening on http://{args.host}:{args.port} (model "
-          f"{svc.model_name!r}{also}, mode {args.mode}, verifier {args.cloud})", flush=True)
+          f"{svc.model_name!r}{also}, mode {args.mode}, verifier {args.cloud}"
+          f"{_kv_reserved(svc.drafter)})", flush=True)
     serve(svc, GuardConfig.for_bind(args.host, args.allow_host, args.allow_origin,
                                     api_key, args.max_body_bytes,
                                     args.metrics_without_key), args.host, args.port)
     return 0
+
+
+def _kv_reserved(drafter) -> str:
+    """', drafter reserves N MiB': the address space llama.cpp reserves at start for the
+    drafter's KV cache and compute buffers (resident as its sequences first reach it), where
+    it said."""
+    mib = getattr(drafter, "reserved_mib", None)
+    return "" if mib is None else f", drafter reserves {mib:.0f} MiB"
 
 
 def _api_key(args) -> str | None:

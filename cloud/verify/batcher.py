@@ -213,21 +213,23 @@ class Batcher:
         return [(job, self._chunk(job, n)) for job, n in plan]
 
     def _prefill_budget(self, heads: list[Job], decode_nodes: int) -> int:
-        """Prompt tokens this pass may carry, by the measured line of self.cost (at least
-        PREFILL_MIN). Beside other sessions (another queued now, or one that decoded within
+        """Prompt tokens this pass may carry, by the measured cost of self.cost (a line, or
+        flat up to a knee then linear; at least PREFILL_MIN). Beside other sessions (another queued now, or one that decoded within
         RECENT_S), as many as keep the pass within 1 + PREFILL_SLACK of its cost without
         them; alone, as many as fit in PREFILL_ALONE_S, so a session that arrives meanwhile
         waits no longer than that."""
         keys = {j.key for j in heads}
         others = decode_nodes > 0 or len(keys) > 1 or any(k not in keys for k in self._recent)
-        base, per_node = self.cost.fit()
+        base, per_node, knee = self.cost.hinge()
         if per_node <= 0:
             return self.max_batch_nodes
-        if others:
-            spare = PREFILL_SLACK * (base + per_node * max(decode_nodes, 1)) / per_node
+        if others:  # cost(decode + c) <= (1 + slack) cost(decode), cost = base + slope (n - knee)+
+            d = max(decode_nodes, 1)
+            target = (1 + PREFILL_SLACK) * (base + per_node * max(0, d - knee))
+            spare = knee + (target - base) / per_node - d
         else:
-            spare = (PREFILL_ALONE_S - base) / per_node
-        return max(PREFILL_MIN, int(spare))
+            spare = knee + (PREFILL_ALONE_S - base) / per_node
+        return min(self.max_batch_nodes, max(PREFILL_MIN, int(spare)))
 
     @staticmethod
     def _chunk(job: Job, n: int) -> Request:

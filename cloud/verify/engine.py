@@ -25,6 +25,7 @@ from acespec.cloud.verify.batcher import Batcher, StepEmulation
 from acespec.cloud.verify.decided import DecidedSession, DecideLimits
 from acespec.cloud.verify.edge_decided import EdgeDecidedSession
 from acespec.cloud.verify.gap import GapDrafter
+from acespec.cloud.verify.pressure import Pressure
 from acespec.cloud.verify.proposals import Depth
 from acespec.cloud.verify.verdict import decide
 from acespec.proto import PROTOCOL_VERSION
@@ -89,11 +90,13 @@ class Engine:
     # output's grammars need it (None: requests with a grammar are refused)
 
     def __post_init__(self) -> None:
-        on_pass = self.metrics.on_pass if self.metrics else None
-        self.batcher = Batcher(self.model, self.limits.max_batch_nodes, self.emulation, on_pass)
+        self.pressure = Pressure()  # how full the passes are (load-aware speculation)
+        self.batcher = Batcher(self.model, self.limits.max_batch_nodes, self.emulation,
+                               self._on_pass)
         self.sessions: dict[str, EdgeDecidedSession] = {}
         self._ids: dict[int, str] = {}  # id(session) -> its session id, for the metrics
         self.depth = Depth(max(1, self.limits.propose))  # lone passes' proposals worth scoring
+        self.depth.cost = self.batcher.cost  # the passes' measured cost, all sessions in them
         self.generating = 0  # Generate calls running now
         if self.metrics:
             self.metrics.sessions_active.set_function(lambda: self.active)
@@ -102,6 +105,11 @@ class Engine:
             # time between passes (and the verifier's busy time counts it).
             self.gap.executor = self.batcher.executor
             self.gap.on_batch = self.metrics.on_draft if self.metrics else None
+
+    def _on_pass(self, stats) -> None:
+        self.pressure.on_pass(stats.sessions, stats.nodes)
+        if self.metrics:
+            self.metrics.on_pass(stats)
 
     @property
     def active(self) -> int:
@@ -187,7 +195,8 @@ class Engine:
 
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
         """One forward pass of a decided session: (first position, decided tokens)."""
-        tokens = session.plan_pass(lookup_proposals=False, budget=session.share.nodes())
+        tokens = session.plan_pass(lookup_proposals=False,
+                                   budget=self.pressure.budget(session.share, self.batcher.cost))
         lone = await self._lone_proposals(session, len(tokens)) \
             if session.proposal_room else None
         if lone:
@@ -198,9 +207,9 @@ class Engine:
         t0 = time.perf_counter()
         logits = await self.batcher.score(Request(tokens, session.cache,
                                                   None if chain else parents))
-        pass_s = time.perf_counter() - t0  # what one pass saved is worth
-        self.depth.cost.observe(len(tokens), pass_s)
+        pass_s = time.perf_counter() - t0
         start, new = session.finish_pass(logits.cpu().numpy(), pass_s)
+        self.pressure.on_decided(len(new))
         if session.done:  # lingering for the edge's last drafts, it is scored no more
             self.batcher.forget(session.cache)
         session.share.settle(len(tokens) - 1, len(session.walked))
@@ -243,7 +252,9 @@ class Engine:
         load (Ledger.worth), else (or when it proposes nothing) prompt lookup's. None when
         none is worth scoring."""
         looked, order = session.looked_up()  # lookup's: free, and the drafter's baseline
-        lone = Lone("lookup", order, looked[:self.depth.depth(order, len(looked), fed)])
+        base = self.pressure.others()  # what the other sessions bring to the pass
+        lone = Lone("lookup", order, looked[:self.depth.depth(order, len(looked), fed,
+                                                              base=base)])
         sharing = self.sharing()
         # While the edge's drafts in flight continue the decided text, the drafter would
         # only propose what they bring a pass later; it fills the round trip after a miss.
@@ -251,7 +262,8 @@ class Engine:
                 self.gap.ledger.worth(sharing):
             # Each proposal costs a draft step besides its node, waited out by every
             # session sharing the device.
-            k = self.depth.depth(0, session.proposal_room, fed, self.gap.step_s * sharing)
+            k = self.depth.depth(0, session.proposal_room, fed, self.gap.step_s * sharing,
+                                 base=base)
             proposals, gap_s = (await self.gap.propose_async(
                 session.gap, list(session.tokens), k,
                 None if session.params.sampling.greedy else session.pick)

@@ -37,23 +37,28 @@ FIT_PASSES = 64  # the pass-cost line is fitted to this many recent passes
 SIZE_PASSES = 16  # a size's cost is the median of its last this many passes
 SIZE_SEEN = 3  # ... once this many were timed (the line's value before)
 EXPLORE = 16  # an order found not worth a proposal still gets one in this many lone passes
+HINGE_GAIN = 0.25  # a flat-then-linear cost replaces the line where its error is this small
+HINGE_EVERY = 16  # passes between refits of it
 
 
 def worth_depth(rates, cost: Callable[[int], float], fed: int = 1,
-                extra_s: float = 0.0) -> int:
-    """How many proposals to score: the depth d with the most expected tokens per second,
-    (1 + the sum of the first d reach probabilities) / (cost(fed + d) + d * extra_s), where
-    reach is the product of the conditional rates so far, cost(n) a pass of n input tokens,
-    `fed` the pass's tokens before any proposal and extra_s what a proposal costs besides
-    its node (a gap drafter's decode). Ties go to the shallower depth; none while no pass
-    was timed (cost 0)."""
-    if cost(fed) <= 0:
+                extra_s: float = 0.0, base_nodes: int = 0, base_tokens: float = 0.0) -> int:
+    """How many proposals to score: the depth d with the most expected tokens per second of
+    the whole pass, (base_tokens + 1 + the sum of the first d reach probabilities) /
+    (cost(base_nodes + fed + d) + d * extra_s), where reach is the product of the
+    conditional rates so far, cost(n) a pass of n input tokens, `fed` the session's tokens
+    before any proposal, base_nodes and base_tokens what the other sessions in the pass
+    bring and decide (acespec.cloud.verify.pressure; 0 when idle) and extra_s what a
+    proposal costs besides its node (a gap drafter's decode). Ties go to the shallower
+    depth; none while no pass was timed (cost 0)."""
+    if cost(base_nodes + fed) <= 0:
         return 0
-    best_d, best, tokens, reach = 0, 1.0 / cost(fed), 1.0, 1.0
+    tokens, reach = base_tokens + 1.0, 1.0
+    best_d, best = 0, tokens / cost(base_nodes + fed)
     for d, rate in enumerate(rates, start=1):
         reach *= rate
         tokens += reach
-        rate_now = tokens / max(cost(fed + d) + d * extra_s, 1e-9)
+        rate_now = tokens / max(cost(base_nodes + fed + d) + d * extra_s, 1e-9)
         if rate_now > best * (1 + 1e-9):
             best_d, best = d, rate_now
     return best_d
@@ -68,12 +73,15 @@ class PassCost:
     _fit: tuple[float, float] | None = None  # (base s, s per token) of the current passes
     _median: dict = field(default_factory=dict)  # tokens -> the median of by_size's, until
     # a pass of that size is observed (every session's depth asks it for every size, per pass)
+    _hinge: tuple[float, float, int] | None = None  # (base s, s per token, knee)
+    _since_hinge: int = 0  # passes observed since the hinge was fitted
 
     def observe(self, tokens: int, seconds: float) -> None:
         self.passes.append((float(tokens), float(seconds)))
         self.by_size.setdefault(int(tokens), deque(maxlen=SIZE_PASSES)).append(float(seconds))
         self._median.pop(int(tokens), None)
         self._fit = None
+        self._since_hinge += 1
 
     def fit(self) -> tuple[float, float]:
         """(a pass's base seconds, seconds per input token): the line through the recent
@@ -88,17 +96,47 @@ class PassCost:
                 self._fit = (base, float(np.clip(slope, 0.0, base)))
         return self._fit
 
+    def hinge(self) -> tuple[float, float, int]:
+        """(base seconds, seconds per token beyond the knee, knee): flat up to a knee, then
+        linear, where that fits the recent passes far better than the line (HINGE_GAIN: a
+        GPU below its knee, or its emulation), else the line with knee 0. Refitted every
+        HINGE_EVERY passes."""
+        if self._hinge is None or self._since_hinge >= HINGE_EVERY:
+            self._hinge, self._since_hinge = self._fit_hinge(), 0
+        return self._hinge
+
+    def _fit_hinge(self) -> tuple[float, float, int]:
+        base, slope = self.fit()
+        if len(self.passes) < 8:
+            return base, slope, 0
+        n, s = np.array(self.passes).T
+        best, sse_line = (base, slope, 0), float(np.sum((s - base - slope * n) ** 2))
+        sse_best = HINGE_GAIN * sse_line
+        for knee in np.unique(n)[1:-1]:
+            x = np.maximum(0.0, n - knee)
+            b1, b0 = np.polyfit(x, s, 1)
+            sse = float(np.sum((s - b0 - b1 * x) ** 2))
+            if b1 > 0 and b0 > 0 and sse < sse_best:
+                best, sse_best = (float(b0), float(b1), int(knee)), sse
+        return best
+
+    def slope(self, tokens: int) -> float:
+        """Seconds one more input token adds to a pass of `tokens` (the fitted cost's slope
+        there: zero below a knee)."""
+        _, per_token, knee = self.hinge()
+        return per_token if tokens >= knee else 0.0
+
     def seconds(self, tokens: int) -> float:
         """A pass of `tokens` input tokens: the median of the recent passes of that size
-        once SIZE_SEEN of them were timed, else the line's value."""
+        once SIZE_SEEN of them were timed, else the fitted line's (or hinge's) value."""
         if (median := self._median.get(int(tokens))) is not None:
             return median
         seen = self.by_size.get(int(tokens))
         if seen is not None and len(seen) >= SIZE_SEEN:
             median = self._median[int(tokens)] = float(np.median(seen))
             return median
-        base, per_token = self.fit()
-        return base + per_token * tokens
+        base, per_token, knee = self.hinge()
+        return base + per_token * max(0, tokens - knee)
 
 
 @dataclass
@@ -121,13 +159,15 @@ class Depth:
         o = min(order, ORDERS - 1)
         return float(self.taken[o, i] / self.tried[o, i])
 
-    def depth(self, order: int, room: int, fed: int = 1, extra_s: float = 0.0) -> int:
-        """Proposals worth scoring (at most room) in a pass of `fed` tokens besides them: the
-        depth that decides the most tokens per second (worth_depth). One in EXPLORE lone
+    def depth(self, order: int, room: int, fed: int = 1, extra_s: float = 0.0,
+              base: tuple[int, float] = (0, 0.0)) -> int:
+        """Proposals worth scoring (at most room) in a pass of `fed` tokens besides them and
+        `base` (the other sessions' nodes and the tokens they decide): the depth that
+        decides the most tokens per second of the pass (worth_depth). One in EXPLORE lone
         passes of an order found not worth any still scores one, so its rate can recover
         when the text changes."""
         rates = [self.rate(order, i) for i in range(min(room, self.max_depth))]
-        d = worth_depth(rates, self.cost.seconds, fed, extra_s)
+        d = worth_depth(rates, self.cost.seconds, fed, extra_s, *base)
         o = min(order, ORDERS - 1)
         if d or not room:
             self.skipped[o] = 0

@@ -21,7 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from acespec.edge.drafting.base import Draft, draw
-from acespec.edge.drafting.llama_lib import DrafterError, load_model, silence, tokenize
+from acespec.edge.drafting.llama_lib import (
+    DrafterError,
+    load_model,
+    new_context,
+    silence,
+    tokenize,
+)
 from acespec.shared.config import SamplingParams
 from acespec.shared.grammar import Cursor
 from acespec.shared.sampling import transform
@@ -94,7 +100,8 @@ class LlamaDrafter:
             silence(llama_cpp)
         llama_cpp.llama_backend_init()
         self._model = load_model(llama_cpp, self.path)
-        self._ctx = llama_cpp.llama_init_from_model(self._model, self._context_params())
+        self._ctx, self.reserved_mib = new_context(llama_cpp, self._model,
+                                                   self._context_params())
         if not self._ctx:
             raise DrafterError(f"{self.path}: llama.cpp could not create a context "
                                f"({config.n_ctx} tokens, {config.n_seq_max} sequences)")

@@ -12,6 +12,8 @@ from acespec.shared.tokenizer import ModelFileError
 _LOG_CALLBACK = None  # keeps the ctypes log callback alive for the process
 _GGML_LOG_ERROR = 4  # ggml's GGML_LOG_LEVEL_ERROR
 _ERRORS: list[str] = []  # llama.cpp's last error lines, kept while its log is silenced
+_RESERVED = re.compile(r"(?:KV|compute) buffer size = +([\d.]+) MiB")
+_BUFFERS: list[float] = []  # MiB of the KV and compute buffers llama.cpp reported reserving
 
 
 class DrafterError(RuntimeError):
@@ -43,10 +45,21 @@ def silence(llama_cpp) -> None:
         if level == _GGML_LOG_ERROR:
             _ERRORS.append(text.decode("utf-8", "replace").strip())
             del _ERRORS[:-8]
+        elif m := _RESERVED.search(text.decode("utf-8", "replace")):
+            _BUFFERS.append(float(m.group(1)))
 
     if _LOG_CALLBACK is None:
         _LOG_CALLBACK = llama_cpp.llama_log_callback(keep_errors)
         llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+
+
+def new_context(llama_cpp, model, params) -> tuple[object, float | None]:
+    """(llama.cpp's context for `model`, the MiB it reserved for its KV and compute buffers:
+    address space whose pages become resident as the context first reaches them; None
+    where its log was not silenced here, so not read)."""
+    _BUFFERS.clear()
+    ctx = llama_cpp.llama_init_from_model(model, params)
+    return ctx, (sum(_BUFFERS) if _BUFFERS else None)
 
 
 def load_model(llama_cpp, path: Path):

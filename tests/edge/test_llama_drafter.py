@@ -209,3 +209,16 @@ def test_callers_from_several_threads_are_serialised(tiny_pair):
         t.join()
     assert got == {i: alone.draft(c, 12, SamplingParams(), None).tokens.tolist()
                    for i, c in enumerate(contexts)}
+
+
+def test_the_drafter_says_what_llama_cpp_reserved(tiny_pair):
+    """KV cache plus compute buffers, as llama.cpp reports them: at least the KV cache's own
+    size, and more for a longer context (the attention's scratch grows with it)."""
+    _, _, ggufs = tiny_pair
+    small = LlamaDrafter(ggufs["q8_0"], LlamaDrafterConfig(n_ctx=256, n_seq_max=1))
+    large = LlamaDrafter(ggufs["q8_0"], LlamaDrafterConfig(n_ctx=4096, n_seq_max=1))
+    kv_mib = large.kv_bytes_per_token * 4096 / 2**20
+    assert small.reserved_mib is not None and large.reserved_mib > kv_mib
+    assert large.reserved_mib > small.reserved_mib
+    small.close()
+    large.close()
