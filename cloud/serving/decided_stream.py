@@ -55,7 +55,7 @@ class DecidedStreams:
         clock = clock or RequestClock(None, "decided")
         session, opened_later = await self._open(msg, context, opened)
         clock.first_token()
-        await self._loop(session, context, opened_later, clock)
+        await self._loop(session, context, opened_later, clock, opened[0])
 
     async def _open(self, msg: pb.Open, context, opened: list[str]
                     ) -> tuple[DecidedSession, pb.Downlink | None]:
@@ -86,12 +86,12 @@ class DecidedStreams:
         return session, None
 
     async def _loop(self, session: DecidedSession, context,
-                    opened: pb.Downlink | None, clock: RequestClock) -> None:
+                    opened: pb.Downlink | None, clock: RequestClock, session_id: str) -> None:
         """The verifier decides (docs/design.md §3): pass after pass, never waiting for the link;
         Grow messages that arrived meanwhile are applied before each pass. Ends when the
         session is done (its last Decided carries the counts) or the edge half-closes.
         opened: the session's Opened, still to send (before the next Decided); clock: the
-        call's timeline (acespec.cloud.serving.metrics)."""
+        call's timeline (acespec.cloud.serving.metrics); session_id: the engine's name for it."""
         inbox: asyncio.Queue = asyncio.Queue(INBOX)
         reader = asyncio.create_task(self.read_ahead(context, inbox))
 
@@ -121,6 +121,9 @@ class DecidedStreams:
             if pending is not None:
                 await send(pending)
             clock.finish(session.end - session.prompt_len)
+            # Done: its KV and its place among the open sessions go now, not when the edge's
+            # half-close arrives a round trip later (the stream lingers for it, holding nothing).
+            self.engine.close(session_id)
             await self._until_half_close(inbox)
         finally:
             reader.cancel()
