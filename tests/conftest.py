@@ -11,6 +11,7 @@ harnesses (cli_harness, verifier_harness) and the process-leak guard (process_gu
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 from hypothesis import settings
@@ -23,6 +24,11 @@ if os.environ.get("ACESPEC_TRITON_GPU") != "1":
 # Commands the tests start from the repository root (`python -m acespec ...`) must not put it
 # on sys.path: its folders would shadow installed packages of the same names (docs/design.md §2).
 os.environ.setdefault("PYTHONSAFEPATH", "1")
+
+# The commands the tests start read the user's settings file (acespec/edge.toml under
+# $XDG_CONFIG_HOME): point them at an empty folder, so a developer's own settings never change
+# what a test runs. Tests of the settings file give their own.
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="acespec-test-config-")
 
 # CI must be reproducible: the same examples on every run.
 settings.register_profile("acespec", derandomize=True, database=None)
