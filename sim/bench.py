@@ -192,11 +192,13 @@ class Meter:
     def __init__(self, host: str = "", port: int = 0, engine=None):
         self.url, self.engine = f"http://{host}:{port}/metrics", engine
 
-    def _counter(self, name: str) -> float:
+    def _counter(self, *names: str) -> float | tuple[float, ...]:
+        """The named samples' sums, from one scrape (so that counters read together agree)."""
         with urlopen(self.url, timeout=5) as r:
             text = r.read().decode()
-        return sum(x.value for f in text_string_to_metric_families(text)
-                   for x in f.samples if x.name == name)
+        samples = [x for f in text_string_to_metric_families(text) for x in f.samples]
+        sums = tuple(sum(x.value for x in samples if x.name == n) for n in names)
+        return sums[0] if len(names) == 1 else sums
 
     def busy(self) -> float:
         """Seconds the verifier was busy so far: its passes and its drafting."""
@@ -224,8 +226,7 @@ class Meter:
             m = self.engine.metrics
             return (float(m.passes._value.get()), float(m.batch_sessions._sum.get())) \
                 if m else (0.0, 0.0)
-        return (self._counter("acespec_passes_total"),
-                self._counter("acespec_batch_sessions_sum"))
+        return self._counter("acespec_passes_total", "acespec_batch_sessions_sum")
 
 
 @contextlib.asynccontextmanager

@@ -172,7 +172,9 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     lone_tokens (decided with no edge draft: the first token and the lone passes')}.
     passes: the verifier's passes in the run and the requests they held (summed).
     edge_pass_tokens: the share of tokens decided in passes that held an edge draft (None
-    where the verifier decides no session: ar). live_sessions: the sessions open at the
+    where the verifier decides no session: ar); edge_drafts_scored: the share of the edges'
+    drafts that reached a pass before their positions were decided (from the records'
+    drafts_received and drafts_scored; None where the edges sent none). live_sessions: the sessions open at the
     verifier, on average over the point; cpu_busy: the machine's busy fraction over it (a
     row above CPU_BOUND is cpu_bound: it measured the testbed's CPU, not the device)."""
     per_client = {}
@@ -184,6 +186,8 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     tokens = sum(r["tokens"] for r in records)
     lone = [r.get("lone_tokens") for r in records]
     edge = None if not records or None in lone else round(1 - sum(lone) / max(1, tokens), 2)
+    sent = sum(r.get("drafts_received") or 0 for r in records)
+    scored = round(sum(r.get("drafts_scored") or 0 for r in records) / sent, 3) if sent else None
     return {"mode": mode, "clients": clients,
             "per_client_tok_s_p50": _pct(rates, 50), "per_client_tok_s_p10": _pct(rates, 10),
             "ttft_p50_s": _pct(ttft, 50, 3), "ttft_p90_s": _pct(ttft, 90, 3),
@@ -194,7 +198,7 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
             "passes_per_s": round(passes[0] / wall_s, 2) if wall_s > 0 else None,
             "requests_per_pass": round(passes[1] / passes[0], 2) if passes[0] else None,
             "live_sessions": None if live_sessions is None else round(live_sessions, 2),
-            "edge_pass_tokens": edge, "cpu_busy": cpu_busy,
+            "edge_pass_tokens": edge, "edge_drafts_scored": scored, "cpu_busy": cpu_busy,
             "cpu_bound": cpu_busy is not None and cpu_busy > CPU_BOUND,
             "tokens": tokens, "requests": len(records)}
 
@@ -265,7 +269,7 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
 KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
         "ttft_p90_s", "aggregate_tok_s", "verifier_busy", "verifier_s_per_1k_tokens",
         "nodes_per_token", "passes_per_s", "requests_per_pass", "live_sessions",
-        "edge_pass_tokens", "cpu_busy")
+        "edge_pass_tokens", "edge_drafts_scored", "cpu_busy")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
                   "aggregate_tok_s", "verifier_busy", "nodes_per_token")
 
@@ -454,7 +458,8 @@ async def _clients(job: dict) -> None:
                                   "seconds": time.perf_counter() - t0,
                                   "ttft_s": stats.first_token_s, "end": time.time(),
                                   "lone_tokens": None if lone is None
-                                  else lone + min(1, stats.tokens)}),
+                                  else lone + min(1, stats.tokens),
+                                  **_drafts(stats.verifier)}),
                       flush=True)
         finally:
             await ch.close()
@@ -465,6 +470,15 @@ async def _clients(job: dict) -> None:
     finally:
         await proxy.stop()
         drafter.close()
+
+
+def _drafts(verifier: dict | None) -> dict:
+    """The verifier's account of a generation's edge drafts: received, and scored (reached
+    a pass before their positions were decided); {} where it kept none."""
+    if not verifier or "drafts_received" not in verifier:
+        return {}
+    return {"drafts_received": verifier["drafts_received"],
+            "drafts_scored": verifier["drafts_scored"]}
 
 
 if __name__ == "__main__":

@@ -45,6 +45,11 @@ def test_a_point_summarises_its_clients():
         r["lone_tokens"] = 16
     assert point("acespec", 10, recs, 40.0, 30.0, 1408)["edge_pass_tokens"] == \
         round(1 - 16 * 11 / 704, 2)
+    assert row["edge_drafts_scored"] is None  # no edge drafts in the records
+    for i, r in enumerate(recs):
+        r["drafts_received"], r["drafts_scored"] = 10, i % 2  # 5 of 110 in time
+    assert point("acespec", 10, recs, 40.0, 30.0, 1408)["edge_drafts_scored"] == \
+        round(5 / 110, 3)
 
 
 def test_goodput_is_the_most_clients_whose_p10_meets_the_slo():
@@ -164,6 +169,8 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
     assert rows["ar", 1]["edge_pass_tokens"] is None  # no session the verifier decides
     assert rows["colo", 2]["edge_pass_tokens"] == 0.0  # its edges draft nothing
     assert 0 <= rows["acespec", 1]["edge_pass_tokens"] <= 1
+    assert "edge_drafts_scored" in rows["acespec", 1]
+    assert rows["colo", 2]["edge_drafts_scored"] is None  # its edges draft nothing
     assert set(result["goodput"]) == {"ar", "acespec", "acespec-gap", "colo"}
     assert result["slo"]["per_client_tok_s"] == pytest.approx(
         1.3 * rows["ar", 1]["per_client_tok_s_p50"], rel=0.01)
