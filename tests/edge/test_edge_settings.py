@@ -17,9 +17,11 @@ from conftest import free_port
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> dict[str, str]:
-    """A user's environment whose home is a fresh folder (XDG_CONFIG_HOME unset)."""
+def home(tmp_path: Path, monkeypatch) -> dict[str, str]:
+    """A user's environment whose home is a fresh folder (XDG_CONFIG_HOME unset, here too:
+    the harness's processes start from this process's environment)."""
     (tmp_path / "home").mkdir()
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     env = {k: v for k, v in os.environ.items() if k != "XDG_CONFIG_HOME"}
     return {**env, "HOME": str(tmp_path / "home")}
 
