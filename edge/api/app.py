@@ -18,12 +18,14 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 
 from acespec.edge.api.guard import ApiGuard, GuardConfig
+from acespec.edge.api.ollama import ollama_routes
 from acespec.edge.api.openai_types import (
     ApiError,
     CompletionRequest,
     model_object,
     parse_request,
 )
+from acespec.edge.api.page import page_routes
 from acespec.edge.api.service import EdgeService, ShuttingDown, complete, echo, stream
 from acespec.edge.client import VerifierUnfit
 
@@ -219,6 +221,7 @@ def _routes(svc: EdgeService) -> Starlette:
         Route("/v1/models", models), Route("/v1/models/{name:path}", model),
         Route("/health", health), Route("/ready", ready),
         Route("/metrics", metrics),
+        *ollama_routes(svc), *page_routes(svc),
     ]
     @contextlib.asynccontextmanager
     async def lifespan(_app):
