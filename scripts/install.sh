@@ -81,6 +81,18 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
     say "prometheus not found and cannot install it here: the dashboard test will be skipped"
   fi
 fi
+# Chromium: the chat page's tests drive Debian's chromium headless through playwright (which
+# downloads no browser of its own).
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing chromium (Debian package) for the chat page's browser tests"
+    apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+      { apt-get update -q >/dev/null 2>&1 && \
+        apt-get install -y -q --no-install-recommends chromium >/dev/null; }
+  else
+    say "chromium not found and cannot install it here: the chat page's browser tests will be skipped"
+  fi
+fi
 say "installing acespec[all] (editable; constraints: $CONSTRAINTS)"
 "${PIP[@]}" install -q "${PINS[@]}" -e '.[all]'
 # guidellm (tests/e2e/test_guidellm.py) pins an older click than ours: its own venv, which
