@@ -4,7 +4,10 @@ A local HTTP server is reachable from any page the user's browser opens: a `text
 is a CORS "simple request" that needs no preflight, and DNS rebinding lets a foreign site
 name 127.0.0.1 under its own host name. So, before any route runs:
   * a request with an `Origin` header is refused (403) unless that origin was allowed
-    (`edge serve --allow-origin`; default none: tools and editors send no Origin);
+    (`edge serve --allow-origin`; default none: tools and editors send no Origin) or is the
+    server's own: the Origin equals the request's scheme://Host and that Host is one the
+    server names (its chat page, acespec.edge.api.page; a Host let in by `--allow-host '*'`
+    alone does not count, since only the Host check stops DNS rebinding);
   * the `Host` header must name this server: localhost, a loopback address, the bound host,
     or one given with `--allow-host` (403 otherwise: DNS rebinding);
   * a POST must be `application/json` (415) of at most `max_body` bytes (413), read here
@@ -72,7 +75,8 @@ class ApiGuard:
     def _refusal(self, scope, headers: dict) -> tuple | None:
         c = self.cfg
         origin = headers.get("origin")
-        if origin is not None and "*" not in c.origins and origin not in c.origins:
+        if origin is not None and "*" not in c.origins and origin not in c.origins \
+                and not self._same_origin(origin, scope, headers.get("host", "")):
             return (403, f"cross-origin request from {origin!r:.80} refused; allow it with "
                     "edge serve --allow-origin ORIGIN", "origin_not_allowed")
         host = _host_name(headers.get("host", ""))
@@ -93,6 +97,12 @@ class ApiGuard:
             if length is not None and (not length.isdigit() or int(length) > c.max_body):
                 return self._too_large()
         return None
+
+    def _same_origin(self, origin: str, scope, host: str) -> bool:
+        """Whether `origin` is this server's own (a page it served, calling it back): the
+        request's scheme://Host, for a Host the server names itself."""
+        own = f"{scope.get('scheme', 'http')}://{host}".lower()
+        return bool(host) and origin.lower() == own and _host_name(host).lower() in self.cfg.hosts
 
     def _too_large(self) -> tuple:
         return (413, f"request body over {self.cfg.max_body} bytes (edge serve --max-body-bytes)",
