@@ -8,13 +8,12 @@ import dataclasses
 import json
 import logging
 
-import grpc
 import uvicorn
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from acespec.edge.api.guard import ApiGuard, GuardConfig
@@ -27,7 +26,15 @@ from acespec.edge.api.openai_types import (
 )
 from acespec.edge.api.page import page_routes
 from acespec.edge.api.service import EdgeService, ShuttingDown, complete, echo, stream
-from acespec.edge.client import VerifierUnfit
+from acespec.edge.api.serving import (
+    CLOUD_ERRORS,
+    SHUTDOWN,
+    AdmittedStream,
+    ClientGone,
+    cloud_error,
+    read_json,
+    unless_disconnected,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,60 +79,6 @@ class EdgeMetrics:
         return generate_latest(self.registry)
 
 
-async def _read_json(request: Request):
-    try:
-        return await request.json()
-    except UnicodeDecodeError as e:
-        raise ApiError(400, f"request body is not valid UTF-8 (byte {e.start})") from None
-    except ValueError:  # JSONDecodeError, or an over-long integer
-        raise ApiError(400, "request body is not valid JSON") from None
-    except RecursionError:
-        raise ApiError(400, "request body is not valid JSON: nested too deeply") from None
-
-
-class _ClientGone(Exception):
-    """The client disconnected before its (non-streamed) response was ready."""
-
-
-async def _disconnect(request: Request) -> None:
-    """Returns when the client has gone away (the body is already read: the next ASGI
-    message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_disconnected(request: Request, work, stop: asyncio.Event):
-    """Await `work`, cancelling it if the client goes away first (a client that gives up
-    must not keep drafter sequences and verifier sessions busy until its text is done), or
-    the server is asked to stop (ShuttingDown)."""
-    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(request))
-    halt = asyncio.ensure_future(stop.wait())
-    try:
-        done, _ = await asyncio.wait({task, gone, halt}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        halt.cancel()
-        task.cancel()  # a no-op once it is done
-    if task in done:
-        return task.result()
-    raise ShuttingDown if halt in done else _ClientGone
-
-
-class _AdmittedStream(StreamingResponse):
-    """A stream that gives its admission back when it ends, however it ends (its body may
-    never start when the client is already gone)."""
-
-    def __init__(self, content, release, **kw):
-        super().__init__(content, **kw)
-        self._release = release
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._release()
-
-
 def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
@@ -141,7 +94,7 @@ def _routes(svc: EdgeService) -> Starlette:
         endpoint = "chat" if chat else "completions"
         req = None
         try:
-            req = parse_request(await _read_json(request), chat, svc.render_chat)
+            req = parse_request(await read_json(request), chat, svc.render_chat)
             if req.model not in svc.served_names:
                 raise _no_such_model(svc, req.model)
             req = dataclasses.replace(req, model=svc.model_name)  # responses name it so
@@ -153,28 +106,28 @@ def _routes(svc: EdgeService) -> Starlette:
             release = svc.admit(req.n)
             if req.stream:
                 try:  # what can be refused is refused before the stream starts
-                    echoed = await _unless_disconnected(request, echo(svc, req, prompt),
+                    echoed = await unless_disconnected(request, echo(svc, req, prompt),
                                                         svc.stopping) if req.echo else None
                 except BaseException:
                     release()
                     raise
                 svc.metrics.requests.labels(endpoint, "200").inc()
-                return _AdmittedStream(_guarded(stream(svc, req, prompt, echoed), req), release,
+                return AdmittedStream(_guarded(stream(svc, req, prompt, echoed), req), release,
                                        media_type="text/event-stream")
             try:
-                body = await _unless_disconnected(request, complete(svc, req, prompt),
+                body = await unless_disconnected(request, complete(svc, req, prompt),
                                                   svc.stopping)
             finally:
                 release()
             resp = JSONResponse(body)
         except ApiError as e:
             resp = _error(e)
-        except _ClientGone:
+        except ClientGone:
             resp = PlainTextResponse("client closed the request", status_code=499)
         except ShuttingDown:
-            resp = _error(_SHUTDOWN)
-        except (ConnectionError, grpc.aio.AioRpcError, VerifierUnfit) as e:
-            resp = _error(_cloud_error(e, req))
+            resp = _error(SHUTDOWN)
+        except CLOUD_ERRORS as e:
+            resp = _error(cloud_error(e, req))
         except Exception:  # noqa: BLE001 - never a traceback in a response
             log.exception("request failed")
             resp = _error(ApiError(500, "internal error (see the server log)",
@@ -242,7 +195,8 @@ async def _no_route(request: Request, exc: HTTPException) -> JSONResponse:
     else:
         e = ApiError(404, f"no route {request.method} {request.url.path[:80]} on this server "
                      "(it serves /v1/completions, /v1/chat/completions, /v1/models, /health, "
-                     "/ready, /metrics)", code="not_found")
+                     "/ready, /metrics, and Ollama's /api/chat, /api/generate, /api/tags, "
+                     "/api/show, /api/ps, /api/version)", code="not_found")
     return _error(e)
 
 
@@ -253,41 +207,6 @@ def _no_such_model(svc: EdgeService, name: str) -> ApiError:
                     code="model_not_found")
 
 
-_CLIENT_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE)
-
-
-def _cloud_error(e: Exception, req: CompletionRequest | None = None) -> ApiError:
-    """What a verifier failure means to the HTTP client: its own request was too big or
-    malformed (400, naming the field where the verifier's message says which), the verifier
-    is busy or unreachable (503, retry), or the deployment is broken (502)."""
-    if isinstance(e, VerifierUnfit):
-        return ApiError(502, str(e), kind="upstream_error")
-    if not isinstance(e, grpc.aio.AioRpcError) or e.code() == grpc.StatusCode.UNAVAILABLE:
-        return ApiError(503, "the cloud verifier is unreachable; retry shortly",
-                        kind="service_unavailable", headers={"Retry-After": "1"})
-    code, details = e.code(), e.details() or ""
-    refused = code in _CLIENT_CODES or code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    if refused and "grammar" in details and req is not None and req.structure is not None:
-        return ApiError(400, f"the verifier refused the request's grammar: {details}",
-                        req.structure.param, code="grammar_too_large"
-                        if code == grpc.StatusCode.RESOURCE_EXHAUSTED or "more than" in details
-                        else "invalid_schema")
-    if refused and "prompt" in details:
-        return ApiError(400, f"the verifier refused the request: {details}", "prompt",
-                        code="context_length_exceeded")
-    if code in _CLIENT_CODES:
-        return ApiError(400, f"the verifier refused the request: {details}")
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # e.g. full: max_sessions reached
-        return ApiError(503, f"the verifier is busy: {details}; retry shortly",
-                        kind="service_unavailable", headers={"Retry-After": "1"})
-    return ApiError(502, f"the verifier refused the request ({code.name}): {details}",
-                    kind="upstream_error")
-
-
-_SHUTDOWN = ApiError(503, "the server is shutting down; retry elsewhere or later",
-                     kind="service_unavailable", code="server_shutdown")
-
-
 async def _guarded(events, req: CompletionRequest):
     """Errors after the stream started become one error event, then [DONE]."""
     try:
@@ -296,9 +215,9 @@ async def _guarded(events, req: CompletionRequest):
     except ApiError as e:
         yield _sse_error(e)
     except ShuttingDown:
-        yield _sse_error(_SHUTDOWN)
-    except (ConnectionError, grpc.aio.AioRpcError, VerifierUnfit) as e:
-        yield _sse_error(_cloud_error(e, req))
+        yield _sse_error(SHUTDOWN)
+    except CLOUD_ERRORS as e:
+        yield _sse_error(cloud_error(e, req))
     except Exception:  # noqa: BLE001 - never a traceback in a stream
         log.exception("stream failed")
         yield _sse_error(ApiError(500, "internal error (see the server log)",

@@ -12,10 +12,10 @@ name 127.0.0.1 under its own host name. So, before any route runs:
     or one given with `--allow-host` (403 otherwise: DNS rebinding);
   * a POST must be `application/json` (415) of at most `max_body` bytes (413), read here
     whole, so no route ever holds an over-long body;
-  * with `--api-key`, /v1/* and /metrics need `Authorization: Bearer KEY` (401), as vLLM
-    and llama.cpp's server do for /v1/* (the usage counters are the key holders' business;
-    `--metrics-without-key` serves /metrics to anyone, for a scraper that cannot send a
-    key); /health and /ready stay open for probes.
+  * with `--api-key`, /v1/*, Ollama's /api/* and /metrics need `Authorization: Bearer KEY`
+    (401), as vLLM and llama.cpp's server do for /v1/* (the usage counters are the key
+    holders' business; `--metrics-without-key` serves /metrics to anyone, for a scraper
+    that cannot send a key); /health and /ready stay open for probes.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class GuardConfig:
         """Whether a request for `path` must carry the API key."""
         if not self.api_key:
             return False
-        return path.startswith("/v1/") or (path == "/metrics" and not self.metrics_without_key)
+        return path.startswith(("/v1/", "/api/")) or (
+            path == "/metrics" and not self.metrics_without_key)
 
 
 def _host_name(value: str) -> str:

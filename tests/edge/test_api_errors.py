@@ -1,4 +1,4 @@
-"""What a verifier's refusal becomes for the HTTP client (acespec.edge.api.app._cloud_error):
+"""What a verifier's refusal becomes for the HTTP client (acespec.edge.api.serving.cloud_error):
 a grammar it refuses names the field that asked for it, a prompt it refuses names the
 prompt, a busy or unreachable verifier is a 503 to retry, a broken deployment a 502."""
 
@@ -9,8 +9,8 @@ import pytest
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("starlette")
 
-from acespec.edge.api.app import _cloud_error  # noqa: E402
 from acespec.edge.api.openai_types import parse_request  # noqa: E402
+from acespec.edge.api.serving import cloud_error  # noqa: E402
 
 S = grpc.StatusCode
 
@@ -47,6 +47,6 @@ TOOLS = {"tools": [{"type": "function", "function": {"name": "f"}}]}
 ])
 def test_verifier_refusals_name_what_the_client_sent(code, details, fields, status, param,
                                                      err_code):
-    e = _cloud_error(rpc_error(code, details), request(**fields))
+    e = cloud_error(rpc_error(code, details), request(**fields))
     assert (e.status, e.param, e.code) == (status, param, err_code), e.message
     assert status != 400 or details in e.message
