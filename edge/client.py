@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from acespec.proto import PROTOCOL_VERSION, SESSION_KEY
+from acespec.proto import CLIENT_KEY, PROTOCOL_VERSION, SESSION_KEY
 from acespec.proto import acespec_pb2 as pb
 from acespec.proto import acespec_pb2_grpc as pb_grpc
 from acespec.proto.codec import (
@@ -86,10 +86,15 @@ def read_token_file(path: str | Path) -> str:
         raise ValueError(f"--auth-token-file {path}: {e}") from None
 
 
-def metadata(token: str | None, session_key: str | None = None) -> tuple:
+def metadata(token: str | None, session_key: str | None = None, client: str | None = None
+             ) -> tuple:
+    """A call's metadata: its session key (a load balancer's stickiness), the bearer token,
+    and the edge's id (client: its sessions share one client's part of the passes)."""
     md = [(SESSION_KEY, session_key or uuid.uuid4().hex)]
     if token:
         md.append(("authorization", f"Bearer {token}"))
+    if client:
+        md.append((CLIENT_KEY, client))
     return tuple(md)
 
 
@@ -115,9 +120,9 @@ class CloudSession:
     """One Session stream. Call `open`, then `extend`/`commit`/`more_tail` and `recv`."""
 
     def __init__(self, ch: grpc.aio.Channel, token: str | None = None,
-                 session_key: str | None = None):
+                 session_key: str | None = None, client: str | None = None):
         self._stub = pb_grpc.VerifierStub(ch)
-        self._call = self._stub.Session(metadata=metadata(token, session_key))
+        self._call = self._stub.Session(metadata=metadata(token, session_key, client))
         self.next_id = 0
         self.session_id = self.model_id = ""
         self.max_live_nodes = 0
@@ -297,7 +302,8 @@ async def generate(ch: grpc.aio.Channel, prompt: Sequence[int], params: ServePar
 async def generate_chunks(ch: grpc.aio.Channel, prompt: Sequence[int], params: ServeParams,
                           seed: int, max_tokens: int, vocab_hash: str = "",
                           token: str | None = None, stop: Sequence[int] = (),
-                          sizes: list[int] | None = None, logprobs: int | None = None):
+                          sizes: list[int] | None = None, logprobs: int | None = None,
+                          client: str | None = None):
     """Cloud-only decoding: yields (token ids, the target's logprobs of each or None) per
     chunk as they stream in; logprobs asks for them, with that many alternatives per token.
     `sizes`, if given, collects the serialized size of the request (first) and of each
@@ -310,7 +316,7 @@ async def generate_chunks(ch: grpc.aio.Channel, prompt: Sequence[int], params: S
                              logprobs=logprobs is not None, top_logprobs=logprobs or 0)
     if sizes is not None:
         sizes.append(req.ByteSize())
-    call = stub.Generate(req, metadata=metadata(token))
+    call = stub.Generate(req, metadata=metadata(token, client=client))
     try:
         async for chunk in call:
             if sizes is not None:
@@ -325,14 +331,15 @@ async def generate_chunks(ch: grpc.aio.Channel, prompt: Sequence[int], params: S
 
 
 async def prompt_logprobs(ch: grpc.aio.Channel, prompt: Sequence[int], top_n: int,
-                          vocab_hash: str = "", token: str | None = None) -> list[TokenLogprob]:
+                          vocab_hash: str = "", token: str | None = None,
+                          client: str | None = None) -> list[TokenLogprob]:
     """The target's logprobs of prompt[1:], each given what precedes it, with top_n
     alternatives (one Generate call that generates nothing)."""
     stub = pb_grpc.VerifierStub(ch)
     req = pb.GenerateRequest(protocol_version=PROTOCOL_VERSION, vocab_hash=vocab_hash,
                              prompt_tokens=list(map(int, prompt)), max_tokens=0,
                              prompt_logprobs=True, top_logprobs=top_n)
-    call = stub.Generate(req, metadata=metadata(token))
+    call = stub.Generate(req, metadata=metadata(token, client=client))
     try:
         async for chunk in call:
             if chunk.HasField("prompt_logprobs"):

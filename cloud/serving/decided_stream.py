@@ -49,15 +49,15 @@ class DecidedStreams:
     # the inbox with (Uplink, arrival time), then EOF or the read's exception
 
     async def serve(self, msg: pb.Open, context, opened: list[str],
-                    clock: RequestClock | None = None) -> None:
+                    clock: RequestClock | None = None, client: str = "") -> None:
         """One decided session, from its Open to its end; its id goes to `opened`, its
-        timeline to `clock`."""
+        timeline to `clock`; client: whose (its passes share the client's part)."""
         clock = clock or RequestClock(None, "decided")
-        session, opened_later = await self._open(msg, context, opened)
+        session, opened_later = await self._open(msg, context, opened, client)
         clock.first_token()
         await self._loop(session, context, opened_later, clock, opened[0])
 
-    async def _open(self, msg: pb.Open, context, opened: list[str]
+    async def _open(self, msg: pb.Open, context, opened: list[str], client: str
                     ) -> tuple[DecidedSession, pb.Downlink | None]:
         """Open the session and send its first token; the Opened still to send, when the
         edge asked for the first token ahead of it."""
@@ -69,7 +69,7 @@ class DecidedStreams:
             list(msg.prompt_tokens), params, msg.seed, msg.decide.max_tokens,
             list(msg.decide.stop_tokens), gap=not msg.decide.no_gap,
             logprobs=check_top_logprobs(msg.decide.logprobs, msg.decide.top_logprobs,
-                                        "Decide"))
+                                        "Decide"), client=client)
         opened.append(session_id)
         if self.engine.metrics:
             self.engine.metrics.sessions_opened.inc()

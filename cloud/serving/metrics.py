@@ -25,7 +25,6 @@ from prometheus_client import (
 
 from acespec.cloud import errors
 
-SESSION_LABEL = 12  # hex digits of a session id in per-session labels
 KINDS = ("decided", "edge_decided", "generate")  # the calls a verifier serves: sessions it
 # decides (greedy, coupled), sessions the edge decides (exact sampling), cloud-only Generate
 SOURCES = ("edge", "lookup", "gap")  # who drafted a scored token: the edge, the verifier's
@@ -58,8 +57,9 @@ class Metrics:
     allreduce_bytes: object
     proposals: object
     gap_seconds: object
-    session_share: object
-    session_efficiency: object
+    client_share: object
+    client_sessions: object
+    client_nodes: object
     speculative_nodes: object
     busy_seconds: object
     requests: object
@@ -103,12 +103,15 @@ class Metrics:
                               "(scored, accepted)", ["source", "fate"], registry=r),
             gap_seconds=Counter("acespec_gap_seconds", "Seconds the gap drafter spent "
                                 "decoding proposals", registry=r),
-            session_share=Gauge("acespec_session_share", "Speculative nodes per pass a "
-                                "session has earned (docs/design.md §3), by session id "
-                                "prefix; gone when the session ends", ["session"], registry=r),
-            session_efficiency=Gauge("acespec_session_efficiency", "A session's recent "
-                                     "accepted tokens per speculative node scored",
-                                     ["session"], registry=r),
+            client_share=Gauge("acespec_client_share", "Speculative nodes per pass a "
+                               "client's open sessions have earned together "
+                               "(docs/design.md §3), by client; gone when its last session "
+                               "ends", ["client"], registry=r),
+            client_sessions=Gauge("acespec_client_sessions", "A client's open sessions",
+                                  ["client"], registry=r),
+            client_nodes=Gauge("acespec_client_nodes", "Nodes per pass a client's sessions "
+                               "had in its recent passes (its part of a pass)", ["client"],
+                               registry=r),
             speculative_nodes=Counter("acespec_speculative_nodes", "Speculative nodes "
                                       "scored, by fate: accepted, or wasted (never taken)",
                                       ["fate"], registry=r),
@@ -193,9 +196,6 @@ class Metrics:
 
     def on_share(self, session_id: str, share) -> None:
         """A session's share after its pass (acespec.cloud.verify.share.Share)."""
-        label = session_id[:SESSION_LABEL]
-        self.session_share.labels(label).set(share.nodes())
-        self.session_efficiency.labels(label).set(round(share.efficiency, 4))
         accepted, wasted = share.total_accepted, share.wasted
         seen_a, seen_w = self._counted.get(session_id, (0, 0))
         self.speculative_nodes.labels("accepted").inc(max(0, accepted - seen_a))
@@ -203,11 +203,21 @@ class Metrics:
         self._counted[session_id] = (accepted, wasted)
 
     def drop_share(self, session_id: str) -> None:
-        label = session_id[:SESSION_LABEL]
         self._counted.pop(session_id, None)
-        for gauge in (self.session_share, self.session_efficiency):
+
+    def on_client(self, client: str, shares: list) -> None:
+        """A client's open sessions' shares (acespec.cloud.verify.share.Share)."""
+        self.client_share.labels(client).set(sum(s.nodes() for s in shares))
+        self.client_sessions.labels(client).set(len(shares))
+
+    def on_client_nodes(self, client: str, nodes: float) -> None:
+        self.client_nodes.labels(client).set(round(nodes, 2))
+
+    def drop_client(self, client: str) -> None:
+        """A client with no open session left: its series go."""
+        for gauge in (self.client_share, self.client_sessions, self.client_nodes):
             try:
-                gauge.remove(label)
+                gauge.remove(client)
             except KeyError:
                 pass
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import re
 import time
 
 import grpc
@@ -24,6 +26,7 @@ from acespec.cloud.errors import (
 from acespec.cloud.serving.decided_stream import INBOX, DecidedStreams
 from acespec.cloud.serving.metrics import RequestClock
 from acespec.cloud.verify.engine import Engine
+from acespec.proto import CLIENT_KEY
 from acespec.proto import acespec_pb2 as pb
 from acespec.proto import acespec_pb2_grpc as pb_grpc
 from acespec.proto.codec import (
@@ -43,6 +46,23 @@ except ImportError:  # pragma: no cover - other gRPC builds: nothing to recognis
     ExecuteBatchError = ()
 
 log = logging.getLogger(__name__)
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.:\[\]-]")
+
+
+def client_of(md: dict, peer: str, keyed: bool) -> str:
+    """Whose call this is: the sessions of one client share its part of a pass
+    (acespec.cloud.verify.clients). The bearer token where the verifier asks for one (a
+    client cannot choose another's), shown as a hash; else the id the edge sends in
+    metadata x-acespec-client (an edge serving many requests is one client, also behind a
+    proxy that pools connections); else the connection's peer."""
+    if keyed:
+        token = md.get("authorization", "")[7:]
+        return "key:" + hashlib.sha256(token.encode()).hexdigest()[:12]
+    if edge := md.get(CLIENT_KEY):
+        return "edge:" + _SAFE.sub("_", edge[:32])
+    return "peer:" + _SAFE.sub("_", (peer or "unknown")[:64])
+
 
 class ClientGone(Exception):
     """The client cancelled or dropped the call: end quietly, no status, no error metric."""
@@ -87,14 +107,15 @@ class VerifierServicer(pb_grpc.VerifierServicer):
 
     # -- boundary helpers ---------------------------------------------------------
 
-    def _authorize(self, context) -> None:
-        if not self.auth_tokens:
-            return
+    def _authorize(self, context) -> str:
+        """The caller's client identity (client_of), once its token is checked."""
         md = dict(context.invocation_metadata() or ())
-        header = md.get("authorization", "")
-        if not header.startswith("Bearer ") or header[7:] not in self.auth_tokens:
-            raise Unauthenticated("missing or wrong bearer token (metadata 'authorization: "
-                                  "Bearer <token>')")
+        if self.auth_tokens:
+            header = md.get("authorization", "")
+            if not header.startswith("Bearer ") or header[7:] not in self.auth_tokens:
+                raise Unauthenticated("missing or wrong bearer token (metadata "
+                                      "'authorization: Bearer <token>')")
+        return client_of(md, context.peer(), bool(self.auth_tokens))
 
     async def _fail(self, context, err: Exception, what: str) -> None:
         """End the call with err's status code. A client that went away gets no status:
@@ -187,7 +208,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.engine.close(opened[0] if opened else None)
 
     async def _session(self, context, opened: list[str]) -> None:
-        self._authorize(context)
+        client = self._authorize(context)
         first = await self._read(context)
         if first is grpc.aio.EOF:
             return
@@ -197,21 +218,21 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         prompt = len(first.open.prompt_tokens)
         if first.open.HasField("decide"):
             clock = RequestClock(self.engine.metrics, "decided", prompt)
-            await self.decided.serve(first.open, context, opened, clock)
+            await self.decided.serve(first.open, context, opened, clock, client)
             return
         clock = RequestClock(self.engine.metrics, "edge_decided", prompt)
-        session = await self._open(first.open, context, opened)
+        session = await self._open(first.open, context, opened, client)
         clock.first_token()  # the root's distribution: the edge may sample it
         await self._loop(session, context)
         clock.finish(session.share.total_accepted)  # its committed tokens
 
-    async def _open(self, msg: pb.Open, context, opened: list[str]):
+    async def _open(self, msg: pb.Open, context, opened: list[str], client: str):
         self.engine.check_handshake(msg.protocol_version, msg.vocab_hash)
         if not msg.vocab_hash:
             raise FailedPrecondition("Open.vocab_hash is required")
         params = decode_serve_params(msg.sampling, self.default_params)
         res = await self.engine.open(list(msg.prompt_tokens), params, msg.seed,
-                                     msg.limits.max_live_nodes)
+                                     msg.limits.max_live_nodes, client)
         opened.append(res.session_id)
         if self.engine.metrics:
             self.engine.metrics.sessions_opened.inc()
@@ -304,11 +325,11 @@ class VerifierServicer(pb_grpc.VerifierServicer):
 
     # -- Generate -------------------------------------------------------------------
 
-    async def _prompt_logprobs(self, request, context) -> bool:
+    async def _prompt_logprobs(self, request, context, client: str) -> bool:
         """The first chunk: the prompt's logprobs. True when that is all that was asked
         (max_tokens 0): the call is then done."""
         top = check_top_logprobs(True, request.top_logprobs, "GenerateRequest")
-        entries = await self.engine.prompt_logprobs(list(request.prompt_tokens), top)
+        entries = await self.engine.prompt_logprobs(list(request.prompt_tokens), top, client)
         only = request.max_tokens == 0
         chunk = pb.GenerateChunk(done=only, passes=1)
         chunk.prompt_logprobs.CopyFrom(encode_logprobs(entries))
@@ -319,7 +340,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         """Written with context.write (not yielded) so the write timeout applies and a
         client's cancel unwinds through `aclosing`: the engine stops scoring at once."""
         try:
-            self._authorize(context)
+            client = self._authorize(context)
             if self.lost:
                 raise Unavailable(self.lost)
             self._count("up", request)
@@ -329,12 +350,12 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             asked = check_top_logprobs(request.logprobs, request.top_logprobs,
                                        "GenerateRequest")
             if request.prompt_logprobs:
-                if await self._prompt_logprobs(request, context):
+                if await self._prompt_logprobs(request, context, client):
                     clock.finish(0)
                     return
             tokens = self.engine.generate(list(request.prompt_tokens), params, request.seed,
                                           request.max_tokens, list(request.stop_tokens),
-                                          asked)
+                                          asked, client)
             count = 0
             async with contextlib.aclosing(tokens):
                 async for token, lp in tokens:

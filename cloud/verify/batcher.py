@@ -1,7 +1,8 @@
 """Runs the target for many sessions: pending requests are scored together in one forward
 pass, one pass at a time, in a worker thread so the event loop keeps serving streams. A
 pass takes a bounded chunk of each request (docs/design.md §3): a session's earned share
-of nodes, and of a prompt what the pass's prefill budget allows."""
+of nodes within its client's part of the pass (acespec.cloud.verify.clients), and of a
+prompt what the pass's prefill budget allows."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from acespec.argtypes import ms_profile
 from acespec.cloud.errors import Unavailable
 from acespec.cloud.target.kv_cache import KVCache
 from acespec.cloud.target.model import Request, Transformer
+from acespec.cloud.verify.clients import RECENT_S as CLIENT_RECENT_S
+from acespec.cloud.verify.clients import ClientLoad, fair_level, split
 from acespec.cloud.verify.proposals import PassCost
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,7 @@ class PassStats:
     seconds: float
     prefill: int = 0  # of the nodes, prompt tokens (chunks of prefills)
     waits: tuple[float, ...] = ()  # seconds each request this pass starts had waited
+    clients: dict[str, int] = field(default_factory=dict)  # nodes per client in the pass
 
 
 PREFILL_SLACK = 0.25  # a prefill chunk may make a pass with other sessions this much longer
@@ -70,6 +74,7 @@ GATHER_S = 0.01  # after a pass, wait for the sequences that come straight back 
 GATHER_SHARE = 1.0
 GAP_DECAY = 0.8  # per request: a sequence's gap between its result and its next request
 SHARING_DECAY = 0.9  # per pass: the sessions sharing the device, over the last ~10 passes
+CLIENT_FORGET_S = 60.0  # a client in no pass for this long is forgotten
 
 
 @dataclass
@@ -80,6 +85,9 @@ class Job:
     req: Request
     fut: asyncio.Future
     grant: Callable[[], int] | None  # nodes per pass; None: all at once
+    client: str = ""  # whose: the client's sessions share its part of a pass
+    reduce: Callable[[torch.Tensor, int], object] | None = None  # scoring a prompt: each
+    # chunk's logits [n, V] and its offset in the request become what is kept of them
     start: int = -1  # the sequence's KV length before the first chunk (-1: none yet)
     done: int = 0  # nodes scored so far
     rows: list = field(default_factory=list)  # logits of the chunks so far
@@ -91,7 +99,8 @@ class Job:
 
     @property
     def prefill(self) -> bool:
-        return self.req.last_only
+        """A prompt: chunked by the pass's prefill budget."""
+        return self.req.last_only or self.reduce is not None
 
     @property
     def left(self) -> int:
@@ -119,6 +128,7 @@ class Batcher:
         self._resolved: WeakKeyDictionary[KVCache, float] = WeakKeyDictionary()
         self._gap: WeakKeyDictionary[KVCache, float] = WeakKeyDictionary()
         self._recent: WeakKeyDictionary[KVCache, float] = WeakKeyDictionary()
+        self._clients: dict[str, ClientLoad] = {}  # each client's recent part of the passes
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target")
         self._task: asyncio.Task | None = None
         self.passes = 0
@@ -128,16 +138,21 @@ class Batcher:
         # device runs between passes (a co-located drafter's steps)
         self._refusing: BaseException | None = None  # fail_pending's error, for every request
 
-    async def score(self, req: Request, grant: Callable[[], int] | None = None
-                    ) -> torch.Tensor:
+    async def score(self, req: Request, grant: Callable[[], int] | None = None,
+                    client: str = "", reduce: Callable[[torch.Tensor, int], object] | None
+                    = None):
         """Logits for one request ([n, V], or [1, V] with last_only), scored in the next
-        passes. grant: how many of its nodes one pass may score (None: all)."""
+        passes. grant: how many of its nodes one pass may score (None: all). client: whose
+        request (its sessions share the client's part of each pass). reduce: the request is
+        a prompt to score, chunked as prefills are, and each chunk's logits are reduced as
+        they come (reduce(logits, offset), in the target's worker): returns the list of
+        what reduce returned, so a long prompt's logits are never held whole."""
         if self._refusing is not None:
             raise self._refusing
         loop = asyncio.get_running_loop()
         if self._task is None:
             self._task = loop.create_task(self._worker())
-        job = Job(req, loop.create_future(), grant)
+        job = Job(req, loop.create_future(), grant, client, reduce)
         job.fut.add_done_callback(self._on_done)
         self._jobs.append(job)
         if (done := self._resolved.pop(job.key, None)) is not None:
@@ -162,7 +177,7 @@ class Batcher:
                 self._wake.clear()
                 continue
             t0 = time.perf_counter()
-            await loop.run_in_executor(self._pool, self._run, plan)
+            await loop.run_in_executor(self._pool, self._run, plan, _client_nodes(plan))
             wait_s = max(GATHER_S, GATHER_SHARE * (time.perf_counter() - t0))
             back = self._settle(plan, wait_s)
             # Drop the requests now, not when the next one arrives: each holds its KV cache,
@@ -198,19 +213,54 @@ class Batcher:
         room = self.max_batch_nodes
         decode = [j for j in heads if not j.prefill]
         prefill = sorted((j for j in heads if j.prefill), key=lambda j: j.left)  # short first
-        plan = []
-        for job in decode:
-            n = min(job.left, room, job.grant() if job.grant else job.left)
+        wants = [(job, min(job.left, job.grant() if job.grant else job.left))
+                 for job in decode]
+        level, plan, used = self._fair_level(wants, now), [], {}
+        for job, want in wants:  # in arrival order: a client's held sessions go first next
+            mine = used.get(job.client, 0)
+            if mine and mine + want > level:  # beyond its first session, whole ones within
+                continue  # its part of the pass
+            n = min(want, room)
             if n > 0:
                 plan.append((job, n))
                 room -= n
+                used[job.client] = mine + n
         prefill_room = self._prefill_budget(heads, sum(n for _, n in plan))
+        demand: dict[str, int] = {}
         for job in prefill:
-            n = min(job.left, room, prefill_room)
+            demand[job.client] = demand.get(job.client, 0) + job.left
+        parts = split(min(room, prefill_room), demand)
+        for job in prefill:
+            n = min(job.left, parts[job.client])
             if n > 0:
                 plan.append((job, n))
-                room, prefill_room = room - n, prefill_room - n
+                parts[job.client] -= n
         return [(job, self._chunk(job, n)) for job, n in plan]
+
+    def _fair_level(self, wants: list[tuple[Job, int]], now: float) -> float:
+        """The most decode nodes one client may have in this pass (clients.fair_level): by
+        what each client has queued, and for a client busy lately with nothing queued now
+        (its sessions' results on their way to it), its recent nodes per pass, so the pass
+        it comes back to is not one other client has filled meanwhile."""
+        demand: dict[str, float] = {}
+        for job, want in wants:
+            demand[job.client] = demand.get(job.client, 0) + want
+        for client, load in self._clients.items():
+            if client not in demand and now - load.last < CLIENT_RECENT_S:
+                demand[client] = load.nodes
+        return fair_level(demand, self.cost.hinge()[2])
+
+    def client_nodes(self, client: str) -> float:
+        """A client's nodes per pass, in its recent passes."""
+        load = self._clients.get(client)
+        return load.nodes if load else 0.0
+
+    def _on_clients(self, parts: dict[str, int], now: float) -> None:
+        for client, nodes in parts.items():
+            self._clients.setdefault(client, ClientLoad()).on_pass(nodes, now)
+        for client in [c for c, load in self._clients.items()
+                       if now - load.last > CLIENT_FORGET_S]:
+            del self._clients[client]
 
     def _prefill_budget(self, heads: list[Job], decode_nodes: int) -> int:
         """Prompt tokens this pass may carry, by the measured cost of self.cost (a line, or
@@ -273,7 +323,8 @@ class Batcher:
                     job.req.cache.truncate(job.start)  # its earlier chunks too
                 self._finish(job, out)
             elif job.left == 0:
-                self._finish(job, out if len(job.rows) == 1 else torch.cat(job.rows))
+                self._finish(job, job.rows if job.reduce is not None else
+                             out if len(job.rows) == 1 else torch.cat(job.rows))
                 self._resolved[job.key] = now
                 if self._gap.get(job.key, math.inf) < wait_s:
                     back.add(job.key)
@@ -285,9 +336,9 @@ class Batcher:
         self.requests_scored += 1
         _resolve(job.fut, result)
 
-    def _run(self, plan: list) -> None:
+    def _run(self, plan: list, clients: dict[str, int]) -> None:
         """One pass over the planned chunks (in the worker thread). Each plan entry's
-        chunk is replaced by its logits or its error."""
+        chunk is replaced by its logits or its error. clients: nodes per client in it."""
         chunks = [chunk for _, chunk in plan]
         nodes = sum(len(c.tokens) for c in chunks)
         t0 = time.perf_counter()
@@ -316,15 +367,23 @@ class Batcher:
         self.busy_s += seconds
         self.sharing = SHARING_DECAY * self.sharing + (1 - SHARING_DECAY) * len(chunks)
         self.cost.observe(nodes, seconds)
+        prefill = sum(len(c.tokens) for job, c in plan if job.prefill)
+        self._on_clients(clients, time.perf_counter())  # the loop plans only between passes
         for i, ((job, chunk), res) in enumerate(zip(plan, results)):
             if not isinstance(res, BaseException):
+                if job.reduce is not None:  # kept reduced: the logits go now
+                    try:
+                        job.rows.extend(job.reduce(res, job.done))
+                        res = None
+                    except Exception as e:  # noqa: BLE001 - delivered to that request only
+                        plan[i] = (job, e)
+                        continue
                 job.done += len(chunk.tokens)
-                if not job.req.last_only or job.left == 0:
+                if job.reduce is None and (not job.req.last_only or job.left == 0):
                     job.rows.append(res)
             plan[i] = (job, res)
-        prefill = sum(len(c.tokens) for c in chunks if c.last_only)
         if self.on_pass:
-            self.on_pass(PassStats(len(chunks), nodes, seconds, prefill, waits))
+            self.on_pass(PassStats(len(chunks), nodes, seconds, prefill, waits, clients))
 
     @property
     def waiting(self) -> int:
@@ -342,6 +401,14 @@ class Batcher:
         if self._task:
             self._task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _client_nodes(plan: list[tuple[Job, Request]]) -> dict[str, int]:
+    """Nodes per client in a planned pass."""
+    parts: dict[str, int] = {}
+    for job, chunk in plan:
+        parts[job.client] = parts.get(job.client, 0) + len(chunk.tokens)
+    return parts
 
 
 def _resolve(fut: asyncio.Future, result) -> None:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from acespec.cloud.errors import (
     FailedPrecondition,
@@ -95,6 +96,7 @@ class Engine:
                                self._on_pass)
         self.sessions: dict[str, EdgeDecidedSession] = {}
         self._ids: dict[int, str] = {}  # id(session) -> its session id, for the metrics
+        self.clients: dict[str, set[str]] = {}  # client -> its open sessions' ids
         self.depth = Depth(max(1, self.limits.propose))  # lone passes' proposals worth scoring
         self.depth.cost = self.batcher.cost  # the passes' measured cost, all sessions in them
         self.generating = 0  # Generate calls running now
@@ -110,6 +112,9 @@ class Engine:
         self.pressure.on_pass(stats.sessions, stats.nodes)
         if self.metrics:
             self.metrics.on_pass(stats)
+            for client in stats.clients:
+                if client in self.clients:  # a client of open sessions (not Generate's alone)
+                    self.metrics.on_client_nodes(client, self.batcher.client_nodes(client))
 
     @property
     def active(self) -> int:
@@ -139,7 +144,7 @@ class Engine:
             raise ResourceExhausted(f"prompt of {len(prompt)} tokens exceeds max_prompt_tokens={limit}")
 
     async def open(self, prompt: Sequence[int], params: ServeParams, seed: int,
-                   max_live_nodes: int = 0) -> OpenResult:
+                   max_live_nodes: int = 0, client: str = "") -> OpenResult:
         grammar = self._grammar(params)
         self._admit()
         self._check_prompt(prompt)
@@ -147,9 +152,9 @@ class Engine:
         session = EdgeDecidedSession(self.model, params, seed, live, self.limits.max_tail_per_node)
         session.grammar = grammar
         req = session.plan_open(prompt)
-        session_id = self._register(session)
+        session_id = self._register(session, client)
         try:
-            root = session.finish_open(await self.batcher.score(req))
+            root = session.finish_open(await self.batcher.score(req, client=client))
         except BaseException:
             self.close(session_id)
             raise
@@ -157,7 +162,7 @@ class Engine:
 
     async def open_decided(self, prompt: Sequence[int], params: ServeParams, seed: int,
                            max_tokens: int, stop: Sequence[int], gap: bool = True,
-                           logprobs: int | None = None
+                           logprobs: int | None = None, client: str = ""
                            ) -> tuple[str, DecidedSession, list[int]]:
         """A session the verifier decides (greedy or coupled): the prefill pass decides the
         first token (returned); every later pass feeds the last decided token first. gap:
@@ -182,11 +187,11 @@ class Engine:
         session.cache = self.model.new_cache(len(prompt) + 64)
         if gap and self.gap and self.limits.propose:
             session.gap = self.gap.open()
-        session_id = self._register(session)
+        session_id = self._register(session, client)
         try:
             t0 = time.perf_counter()
             logits = await self.batcher.score(Request(list(prompt), session.cache, None,
-                                                      last_only=True))
+                                                      last_only=True), client=client)
         except BaseException:
             self.close(session_id)
             raise
@@ -206,7 +211,8 @@ class Engine:
         before = (session.counts.proposed, session.counts.proposed_accepted)
         t0 = time.perf_counter()
         logits = await self.batcher.score(Request(tokens, session.cache,
-                                                  None if chain else parents))
+                                                  None if chain else parents),
+                                          client=session.client)
         pass_s = time.perf_counter() - t0
         start, new = session.finish_pass(logits.cpu().numpy(), pass_s)
         self.pressure.on_decided(len(new))
@@ -293,7 +299,7 @@ class Engine:
                 reqs.append(session.plan_extend(fid, tokens, parents))
             merged = Request([t for r in reqs for t in r.tokens], session.cache,
                              [p for r in reqs for p in r.parents])
-            logits = await self.batcher.score(merged, session.share.grant)
+            logits = await self.batcher.score(merged, session.share.grant, session.client)
         except BaseException:
             session.abandon(first_id, sum(len(t) for _, t, _ in extends))
             raise
@@ -307,11 +313,24 @@ class Engine:
     def _report_share(self, session) -> None:
         if self.metrics:
             self.metrics.on_share(self._ids.get(id(session), "?"), session.share)
+            self._report_client(session.client)
 
-    def _register(self, session) -> str:
+    def _report_client(self, client: str) -> None:
+        """The client's series: its open sessions and their shares, or none once it has none."""
+        if not self.metrics:
+            return
+        if mine := self.clients.get(client):
+            self.metrics.on_client(client, [self.sessions[i].share for i in mine])
+        else:
+            self.metrics.drop_client(client)
+
+    def _register(self, session, client: str) -> str:
         session_id = uuid.uuid4().hex
+        session.client = client  # whose: its passes share the client's part (verify.clients)
         self.sessions[session_id] = session
         self._ids[id(session)] = session_id
+        self.clients.setdefault(client, set()).add(session_id)
+        self._report_client(client)
         return session_id
 
     def close(self, session_id: str | None) -> None:
@@ -322,12 +341,17 @@ class Engine:
         if session is not None:
             self._ids.pop(id(session), None)
             self.batcher.forget(session.cache)
+            mine = self.clients.get(session.client, set())
+            mine.discard(session_id)
+            if not mine:
+                self.clients.pop(session.client, None)
             if self.metrics:
                 self.metrics.drop_share(session_id)
+            self._report_client(session.client)
 
     async def generate(self, prompt: Sequence[int], params: ServeParams, seed: int,
                        max_tokens: int = 0, stop: Sequence[int] = (),
-                       logprobs: int | None = None
+                       logprobs: int | None = None, client: str = ""
                        ) -> AsyncIterator[tuple[int, TokenLogprob | None]]:
         """Cloud-only autoregressive decoding from p~: yields (token, its logprob entry with
         `logprobs` alternatives, or None when not asked). The token at absolute position i
@@ -339,7 +363,8 @@ class Engine:
         self.generating += 1
         try:
             cache = self.model.new_cache(len(prompt) + max_tokens)
-            logits = await self.batcher.score(Request(list(prompt), cache, None, last_only=True))
+            logits = await self.batcher.score(Request(list(prompt), cache, None, last_only=True),
+                                              client=client)
             stop = set(stop)
             shaped = params.sampling.shaped
             text = list(prompt) if shaped else []  # what penalties and the grammar count
@@ -352,22 +377,24 @@ class Engine:
                     return
                 if shaped:
                     text.append(token)
-                logits = await self.batcher.score(Request([token], cache))
+                logits = await self.batcher.score(Request([token], cache), client=client)
         finally:
             self.generating -= 1
 
-    async def prompt_logprobs(self, prompt: Sequence[int], top_n: int) -> list[TokenLogprob]:
+    async def prompt_logprobs(self, prompt: Sequence[int], top_n: int, client: str = ""
+                              ) -> list[TokenLogprob]:
         """The target's logprobs of prompt[1:], each given what precedes it, with top_n
-        alternatives: one prefill pass over the prompt (scoring a text). Counts as a
-        session while it runs."""
+        alternatives: the prompt prefilled in chunks, as any prompt is, within its client's
+        part of the prefill budget, each chunk's logits reduced to its tokens' entries as
+        it comes. Counts as a session while it runs."""
         self._check_generate(prompt, 1)
         self._admit()
         self.generating += 1
         try:
             cache = self.model.new_cache(len(prompt))
-            rows = (await self.batcher.score(Request(list(prompt), cache, None))).cpu().numpy()
-            return [token_logprob(rows[i - 1], int(prompt[i]), top_n)
-                    for i in range(1, len(prompt))]
+            return await self.batcher.score(Request(list(prompt), cache, None), client=client,
+                                            reduce=lambda rows, at: _scored(rows, at, prompt,
+                                                                            top_n))
         finally:
             self.generating -= 1
 
@@ -414,9 +441,19 @@ class Engine:
     async def close_all(self) -> None:
         self.sessions.clear()
         self._ids.clear()
+        self.clients.clear()
         await self.batcher.close()
         if self.gap:
             self.gap.close()
+
+
+def _scored(rows: torch.Tensor, at: int, prompt: Sequence[int], top_n: int
+            ) -> list[TokenLogprob]:
+    """The entries of prompt[at + 1 : at + 1 + n] from a chunk's logits rows [n, V] (row j
+    scores the token after prompt[at + j]; the prompt's last row scores nothing)."""
+    rows = rows.float().cpu().numpy()
+    end = min(len(rows), len(prompt) - 1 - at)
+    return [token_logprob(rows[j], int(prompt[at + 1 + j]), top_n) for j in range(end)]
 
 
 def _agreeing(proposals: Sequence[int], decided: Sequence[int]) -> int:

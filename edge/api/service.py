@@ -227,7 +227,7 @@ async def echo(svc: EdgeService, req: CompletionRequest, prompt: list[int]) -> E
     if not req.echo:
         return None
     entries = None if req.logprobs is None else await prompt_logprobs(
-        svc.channel, prompt, req.logprobs, svc.codec.vocab_hash, svc.token)
+        svc.channel, prompt, req.logprobs, svc.codec.vocab_hash, svc.token, svc.engine.client_id)
     return echo_of(svc.codec.piece_fn, req.prompt, prompt, entries, svc.codec.bos_id)
 
 

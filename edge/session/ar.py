@@ -14,8 +14,10 @@ from acespec.proto.sizes import FRAMING
 class ArDriver:
     """One `Generate` call: the verifier streams each token it decodes."""
 
-    def __init__(self, run: Runner, ch: grpc.aio.Channel, vocab_hash: str, token: str | None):
+    def __init__(self, run: Runner, ch: grpc.aio.Channel, vocab_hash: str, token: str | None,
+                 client: str | None = None):
         self.run, self.ch, self.vocab_hash, self.token = run, ch, vocab_hash, token
+        self.client = client
 
     async def drive(self) -> None:
         run, cfg = self.run, self.run.cfg
@@ -23,7 +25,7 @@ class ArDriver:
         try:
             stream = generate_chunks(self.ch, run.context, cfg.serve, cfg.seed,
                                      cfg.max_tokens - len(run.out), self.vocab_hash, self.token,
-                                     list(cfg.stop_ids), sizes, cfg.logprobs)
+                                     list(cfg.stop_ids), sizes, cfg.logprobs, self.client)
             async with contextlib.aclosing(stream) as chunks:  # closing cancels the call
                 async for tokens, logprobs in chunks:
                     run.connected = True

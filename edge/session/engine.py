@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
@@ -55,6 +56,7 @@ class EdgeEngine:
         return one shared channel, which the engine then never closes."""
         self.connect, self.vocab_hash, self.drafter, self.token = connect, vocab_hash, drafter, token
         self.owns_channels = owns_channels
+        self.client_id = uuid.uuid4().hex[:16]  # the verifier groups this edge's sessions
 
     async def generate(self, prompt: Sequence[int], cfg: EngineConfig,
                        on_tokens: OnTokens | None = None,
@@ -123,10 +125,10 @@ class EdgeEngine:
             reopen_by = until if run.connected else None
             if run.cfg.spec.cloud_only:
                 passes = run.stats.passes  # a token streamed: the verifier answers
-                await _by(ArDriver(run, ch, self.vocab_hash, self.token).drive(), reopen_by,
+                await _by(ArDriver(run, ch, self.vocab_hash, self.token, self.client_id).drive(), reopen_by,
                           lambda: run.stats.passes > passes)
             else:
-                await watch.over(self._stream(run, CloudSession(ch, self.token), reopen_by,
+                await watch.over(self._stream(run, CloudSession(ch, self.token, client=self.client_id), reopen_by,
                                               watch))
         finally:
             if self.owns_channels:

@@ -1,9 +1,10 @@
 """The verifier's scheduler (docs/design.md §3): each session's earned share of a pass,
-chunked prefill, and what neither may change: the logits a request gets."""
+each client's part of it, chunked prefill and prompt scoring, and what neither may change: the logits a request gets."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 
 import pytest
@@ -20,6 +21,7 @@ from acespec.cloud.verify.batcher import (  # noqa: E402
     Batcher,
     StepEmulation,
 )  # noqa: E402
+from acespec.cloud.verify.clients import fair_level, split  # noqa: E402
 from acespec.cloud.verify.decided import ROOT, DecidedSession, DecideLimits  # noqa: E402
 from acespec.cloud.verify.share import FLOOR, Share  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
@@ -272,13 +274,134 @@ def test_a_failed_chunk_takes_back_every_chunk_of_its_request(tiny_pair):
     assert after == before and ok.shape[0] == 1
 
 
-def test_share_metrics_come_and_go_with_the_session():
+def test_share_metrics_are_per_client_and_go_with_its_last_session():
     m = Metrics.create()
-    share = Share(cap=16)
+    share, other = Share(cap=16), Share(cap=16)
     share.settle(10, 2)
     m.on_share("ab" * 16, share)
+    m.on_client("edge:laptop", [share, other])
+    m.on_client_nodes("edge:laptop", 7.5)
     text = generate_latest(m.registry).decode()
-    assert f'acespec_session_share{{session="{"ab" * 6}"}} {float(share.nodes())}' in text
+    assert f'acespec_client_share{{client="edge:laptop"}} ' \
+        f'{float(share.nodes() + other.nodes())}' in text
+    assert 'acespec_client_sessions{client="edge:laptop"} 2.0' in text
+    assert 'acespec_client_nodes{client="edge:laptop"} 7.5' in text
     assert 'acespec_speculative_nodes_total{fate="wasted"} 8.0' in text
+    assert "session=" not in text  # no per-session series
     m.drop_share("ab" * 16)
-    assert "acespec_session_share{" not in generate_latest(m.registry).decode()
+    m.drop_client("edge:laptop")
+    assert 'client="edge:laptop"' not in generate_latest(m.registry).decode()
+
+
+# -- a share per client ------------------------------------------------------------------
+
+def test_the_fair_level_is_what_the_next_busiest_client_could_use():
+    assert fair_level({"a": 300}) == math.inf  # alone: unlimited
+    assert fair_level({"many": 300, "one": 5}) == 5
+    assert fair_level({"many": 300, "one": 5, "two": 40}) == 40
+    assert fair_level({"many": 300, "one": 5}, free=64) == 59  # the knee's free room
+    assert fair_level({"a": 8, "b": 8}, free=64) == 56  # below the knee nobody waits
+
+
+def test_a_split_is_max_min_fair():
+    assert split(100, {"a": 10, "b": 500, "c": 500}) == {"a": 10, "b": 45, "c": 45}
+    assert split(10, {"a": 3}) == {"a": 3}
+    assert sum(split(11, {"a": 50, "b": 50}).values()) == 11
+
+
+def test_a_client_buys_no_share_with_sessions(tiny_pair):
+    """One client's 24 sessions (one node a pass each) beside another client's one session
+    of 4 nodes a pass, on a device with no free room: the many-session client has at most
+    4 nodes in any pass, the other is in every pass, and every one of the 24 sessions is
+    served in turn (none starves)."""
+    _, model, _ = tiny_pair
+    rounds = 6
+
+    async def go():
+        b = _batcher(model)
+        b.cost.hinge = lambda: (0.040, 0.0005, 0)  # linear from the first node: no knee
+        caches = [model.new_cache() for _ in range(25)]
+        for i, c in enumerate(caches):
+            await b.score(Request([1, 2, 3], c, None, last_only=True),
+                          client="many" if i else "one")
+        b.stats.clear()
+        served = [0] * 25
+
+        async def one_session(i):
+            for _ in range(rounds):
+                if i == 0:
+                    await b.score(Request([5, 6, 7, 8], caches[0]), client="one")
+                else:
+                    await b.score(Request([5], caches[i]), client="many")
+                served[i] += 1
+
+        await asyncio.gather(*(one_session(i) for i in range(25)))
+        await b.close()
+        return b.stats, served
+
+    stats, served = run(go())
+    assert served == [rounds] * 25
+    while_both = [s for s in stats if len(s.clients) == 2]
+    assert len(while_both) >= rounds - 1
+    assert all(s.clients["many"] <= 4 for s in while_both), [s.clients for s in while_both]
+    assert all(s.clients["many"] <= 4 or "one" not in s.clients for s in stats)
+
+
+def test_alone_a_client_is_not_limited(tiny_pair):
+    _, model, _ = tiny_pair
+
+    async def go():
+        b = _batcher(model)
+        caches = [model.new_cache() for _ in range(12)]
+        for c in caches:
+            await b.score(Request([1, 2, 3], c, None, last_only=True), client="many")
+        b.stats.clear()
+        await asyncio.gather(*(b.score(Request([5], c), client="many") for c in caches))
+        await b.close()
+        return b.stats
+
+    assert [s.clients for s in run(go())] == [{"many": 12}]
+
+
+# -- scoring a prompt ----------------------------------------------------------------------
+
+def test_a_scored_prompt_goes_in_chunks_and_keeps_only_what_it_reduces(tiny_pair):
+    """A 500-token prompt scored for its logprobs beside a decoding session: in chunks of the
+    prefill budget (the decode in every pass), each chunk reduced as it comes (never the
+    whole [500, V] logits), the rows equal to one whole pass's."""
+    _, model, _ = tiny_pair
+    rng = random.Random(3)
+    prompt = [rng.randrange(model.args.vocab_size) for _ in range(500)]
+    decoding = model.new_cache()
+    seen = []
+
+    def reduce(rows, at):
+        seen.append((at, rows.shape[0]))
+        return [rows[j].argmax().item() for j in range(rows.shape[0])]
+
+    async def go():
+        b = _batcher(model)
+        await b.score(Request([1, 2, 3], decoding, None, last_only=True), client="d")
+        b.stats.clear()
+        stop = asyncio.Event()
+
+        async def decode():
+            while not stop.is_set():
+                await b.score(Request([5], decoding), client="d")
+
+        task = asyncio.create_task(decode())
+        await asyncio.sleep(0)
+        out = await b.score(Request(prompt, model.new_cache(), None), client="s",
+                            reduce=reduce)
+        stop.set()
+        await task
+        await b.close()
+        return out, b.stats
+
+    out, stats = run(go())
+    whole = model(prompt, model.new_cache())
+    assert out == whole.argmax(-1).tolist()
+    budget = int(PREFILL_SLACK * (0.040 + 0.0005) / 0.0005)
+    assert len(seen) >= len(prompt) // budget and max(n for _, n in seen) <= budget
+    assert [at for at, _ in seen] == sorted(at for at, _ in seen) and seen[0][0] == 0
+    assert all("d" in s.clients for s in stats if s.prefill)

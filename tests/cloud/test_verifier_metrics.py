@@ -5,6 +5,7 @@ the KV pool and the series that exist before any event."""
 
 from __future__ import annotations
 
+import asyncio
 import urllib.request
 
 import pytest
@@ -16,6 +17,7 @@ from conftest import plain_greedy
 torch = pytest.importorskip("torch")
 
 from acespec.cloud.serving.metrics import ERROR_CODES, KINDS, SOURCES, Metrics  # noqa: E402
+from acespec.cloud.serving.server import ServerConfig  # noqa: E402
 from acespec.edge.client import CloudSession, generate  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
@@ -139,3 +141,37 @@ def test_kv_blocks_in_use_follow_open_sessions(target):
     during, after = run(go())
     assert value(during, "acespec_kv_blocks_used") >= len(prompt) * 8 // 16
     assert value(after, "acespec_kv_blocks_used") < value(during, "acespec_kv_blocks_used")
+
+
+def test_sessions_group_by_client_on_metrics(target, tmp_path):
+    """Sessions over a real socket group by the edge id each sends (x-acespec-client), else
+    by connection; with bearer tokens, by token (an edge id cannot split one token's
+    sessions into more clients). The series go with a client's last session."""
+    model, vh, prompt = target
+
+    def clients(page: dict) -> dict[str, float]:
+        return {dict(labels)["client"]: v for (name, labels), v in page.items()
+                if name == "acespec_client_sessions"}
+
+    async def go(cfg=None, token=None):
+        async with running_verifier(model, vh, cfg) as (engine, addr), channel(addr) as ch:
+            sessions = [CloudSession(ch, token, client=edge)
+                        for edge in ("laptop", "laptop", "desk", None)]
+            for s in sessions:
+                await s.open(prompt, SAMPLED, 1, vh)
+            during = scrape(engine)
+            for s in sessions:
+                await s.close()
+            await asyncio.sleep(0.2)  # the verifier sees each close
+            return during, scrape(engine)
+
+    during, after = run(go())
+    seen = clients(during)
+    assert seen.pop("edge:laptop") == 2 and seen.pop("edge:desk") == 1
+    assert list(seen.values()) == [1] and next(iter(seen)).startswith("peer:")
+    assert clients(after) == {}
+    keyed = ServerConfig(auth_tokens=frozenset({"t0ken"}))
+    during, _ = run(go(keyed, "t0ken"))
+    assert list(clients(during).values()) == [4]
+    assert next(iter(clients(during))).startswith("key:")
+    assert "t0ken" not in str(during)

@@ -53,13 +53,14 @@ def panel_queries() -> list[tuple[str, str]]:
 
 def documented_queries() -> list[str]:
     """The PromQL column of docs/deploy.md's metric tables (a row's first code span there).
-    Left out: the per-session gauges, which exist only while their sessions are open."""
+    Left out: the per-client gauges, which exist only while their clients' sessions are
+    open."""
     out = []
     for line in (ROOT / "docs" / "deploy.md").read_text().splitlines():
         cells = re.split(r"(?<!\\)\|", line)
         if len(cells) == 5 and cells[1].strip().startswith(("`acespec_", "`process_")):
             expr = re.search(r"`([^`]+)`", cells[3]).group(1).replace("\\|", "|")
-            if "acespec_session_" not in expr:
+            if "acespec_client_" not in expr:
                 out.append(expr)
     return out
 

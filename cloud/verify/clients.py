@@ -1,0 +1,66 @@
+"""Each client's part of a pass (docs/design.md §3): a share per client, not per session.
+
+Sessions group by client (the bearer token where the verifier asks for one, else the id
+the edge sends, else the connection's peer: acespec.cloud.serving.servicer). A session
+earns its share of speculative nodes by what its drafts return (acespec.cloud.verify.share);
+a client's first session in a pass has its whole grant, and its further sessions join that
+pass only within the part any other client busy on the verifier could fill (the second-
+largest demand), so a client buys no share with sessions: with one session among clients
+of one session each nothing changes; with fifty it gets about what the busiest other client
+gets, the rest of its sessions waiting for later passes in turn (those held go first next).
+Where the device scores nodes for free (below the measured cost's knee) the rest of the
+free room is filled too. Prompt tokens (prefills, prompts scored for their logprobs) split the pass's prefill
+budget alike, evenly among the clients that have one waiting.
+
+Parts change only which pass scores what, never a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DECAY = 0.9  # per pass it is in: a client's nodes per pass follow its last ~10 passes
+RECENT_S = 1.0  # a client in a pass this recently still counts as busy on the verifier
+
+
+@dataclass
+class ClientLoad:
+    """A client's recent part of the passes."""
+
+    nodes: float = 0.0  # decayed nodes per pass it was in
+    last: float = -math.inf  # when it was last in a pass (perf_counter seconds)
+    passes: int = 0
+
+    def on_pass(self, nodes: int, now: float) -> None:
+        self.nodes = nodes if self.passes == 0 else DECAY * self.nodes + (1 - DECAY) * nodes
+        self.last, self.passes = now, self.passes + 1
+
+
+def fair_level(demand: Mapping[str, float], free: int = 0) -> float:
+    """The most nodes one client may have in a pass, given each busy client's demand (its
+    queued nodes, or its recent nodes per pass while it has none queued): the second-largest
+    demand, so no client gets more than another could use, raised while the pass stays
+    within `free` nodes (a GPU's knee: nodes that cost nothing more). Unlimited for one
+    client."""
+    if len(demand) < 2:
+        return math.inf
+    ordered = sorted(demand.values(), reverse=True)
+    level = ordered[1]
+    shared = sum(min(d, level) for d in ordered)
+    if shared < free:  # only the largest is capped: it takes the free room left
+        level = max(level, level + free - shared)
+    return level
+
+
+def split(room: int, demand: Mapping[str, int]) -> dict[str, int]:
+    """`room` split among clients by demand, max-min fair (water filling): each gets its
+    demand or an equal part of what the smaller ones leave."""
+    parts: dict[str, int] = {}
+    left = room
+    ordered = sorted(demand.items(), key=lambda kv: kv[1])
+    for i, (client, want) in enumerate(ordered):
+        parts[client] = min(want, left // (len(ordered) - i))
+        left -= parts[client]
+    return parts
