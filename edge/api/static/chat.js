@@ -14,6 +14,7 @@ const $ = (id) => document.getElementById(id);
 const conversation = [];  // [{role, content}]: what each request sends
 let model = null;  // the name the server reports (/v1/models, /health)
 let running = null;  // the AbortController of the answer streaming now
+let chat = 0;  // which conversation this is: New chat starts another
 
 // ---- An answer as shown: runs of verified and unverified text ----
 
@@ -181,11 +182,19 @@ function apiHeaders(extra) {
 // The events of a server-sent stream: {data} or {comment}.
 async function* events(response) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  try {
+    yield* blocks(reader);
+  } finally {
+    reader.cancel().catch(() => {});  // a reader that stops early lets the stream go
+  }
+}
+
+async function* blocks(reader) {
   let buffer = "";
   for (;;) {
     const {value, done} = await reader.read();
     if (done) return;
-    buffer += value.replace(/\r\n?/g, "\n");
+    buffer += value.replace(/\r/g, "");  // (CR LF line ends, should a proxy make them)
     let cut;
     while ((cut = buffer.indexOf("\n\n")) >= 0) {
       const block = buffer.slice(0, cut);
@@ -208,54 +217,60 @@ async function errorOf(response) {
   return `${response.status} ${response.statusText}`;
 }
 
+function ask(signal) {  // the request for the conversation so far
+  return fetch("v1/chat/completions", {
+    method: "POST", headers: apiHeaders({"Content-Type": "application/json"}), signal,
+    body: JSON.stringify({model, messages: conversation.slice(), stream: true, ...settings(),
+                          stream_options: {include_usage: true, continuous_usage_stats: true}}),
+  });
+}
+
+// Shows one answer's stream as it comes: [state, error] at its end.
+async function follow(response, answer) {
+  const meter = new Meter();
+  for await (const e of events(response)) {
+    if (e.comment !== undefined) {
+      linkNote(e.comment);
+    } else if (e.data === "[DONE]") {
+      return ["done", null];
+    } else {
+      const chunk = JSON.parse(e.data);
+      if (chunk.error) return ["error", chunk.error.message];  // then [DONE]
+      if (chunk.usage) meter.update(chunk.usage);
+      for (const choice of chunk.choices || []) answer.apply(choice);
+    }
+  }
+  return ["error", "the stream ended early (did the edge server stop?)"];
+}
+
 async function send() {
   const text = $("prompt").value;
   if (running || !text.trim()) return;
   $("prompt").value = "";
   conversation.push({role: "user", content: text});
-  const asked = addMessage("user", text);
+  const asked = addMessage("user", text), mine = chat;
   const answer = new ShownAnswer(addMessage("assistant", ""));
   answer.message.dataset.state = "streaming";
-  const meter = new Meter();
   running = new AbortController();
   busy(true);
-  let state = "done", error = null, replied = false;
+  let state = "error", error = null, replied = false;
   try {
-    const body = {model: model || await loadModel(), messages: conversation.slice(),
-                  stream: true, ...settings(),
-                  stream_options: {include_usage: true, continuous_usage_stats: true}};
-    const response = await fetch("v1/chat/completions", {
-      method: "POST", headers: apiHeaders({"Content-Type": "application/json"}),
-      body: JSON.stringify(body), signal: running.signal});
-    if (!response.ok) {
-      error = await errorOf(response);
+    if (!model) await loadModel();
+    const response = await ask(running.signal);
+    replied = response.ok;
+    if (replied) {
+      [state, error] = await follow(response, answer);
+    } else {
+      [state, error] = ["refused", await errorOf(response)];
       if (response.status === 401) askKey(error);
-      throw new Refused();
-    }
-    replied = true;
-    for await (const e of events(response)) {
-      if (e.comment !== undefined) {
-        linkNote(e.comment);
-        continue;
-      }
-      if (e.data === "[DONE]") break;
-      const chunk = JSON.parse(e.data);
-      if (chunk.error) {
-        error = chunk.error.message;
-        state = "error";
-        continue;
-      }
-      if (chunk.usage) meter.update(chunk.usage);
-      for (const choice of chunk.choices || []) answer.apply(choice);
     }
   } catch (e) {
-    state = e instanceof Refused ? "refused" : e.name === "AbortError" ? "stopped" : "error";
-    if (!(e instanceof Refused) && e.name !== "AbortError") error = String(e);
+    [state, error] = e.name === "AbortError" ? ["stopped", null] : ["error", String(e)];
   } finally {
     answer.end(state, error);
-    if (replied) {
+    if (mine === chat && replied) {  // (New chat may have cleared the conversation)
       conversation.push({role: "assistant", content: answer.text()});
-    } else {  // never reached the model: take the message back, to send again
+    } else if (mine === chat) {  // never reached the model: take it back, to send again
       conversation.pop();
       asked.dataset.state = "refused";
       if (!$("prompt").value) $("prompt").value = text;
@@ -265,8 +280,6 @@ async function send() {
   }
 }
 
-class Refused extends Error {}
-
 function busy(on) {
   $("send").textContent = on ? "Stop" : "Send";
   $("send").classList.toggle("stop", on);
@@ -274,6 +287,7 @@ function busy(on) {
 
 function newChat() {
   if (running) running.abort();
+  chat++;
   conversation.length = 0;
   $("messages").replaceChildren();
   for (const id of ["status-speed", "status-drafts", "status-unverified"]) $(id).textContent = "";
@@ -350,7 +364,12 @@ function askKey(why) {
 }
 
 async function probeKey() {  // does this server want a key, and does it take ours?
-  const response = await fetch("v1/models", {headers: apiHeaders()});
+  let response;
+  try {
+    response = await fetch("v1/models", {headers: apiHeaders()});
+  } catch (_) {
+    return;  // the server is unreachable: the status line says so
+  }
   if (response.status === 401) {
     askKey(localStorage.getItem(KEY_ITEM) ? "the server refused this key"
       : "this server needs its API key (edge serve --api-key)");
