@@ -26,11 +26,11 @@ from acespec.cloud.verify.batcher import Batcher, StepEmulation
 from acespec.cloud.verify.decided import DecidedSession, DecideLimits
 from acespec.cloud.verify.edge_decided import EdgeDecidedSession
 from acespec.cloud.verify.gap import GapDrafter
+from acespec.cloud.verify.grammar_work import GrammarWork
 from acespec.cloud.verify.pressure import Pressure
 from acespec.cloud.verify.proposals import Depth
 from acespec.cloud.verify.verdict import decide
 from acespec.proto import PROTOCOL_VERSION
-from acespec.shared.grammar import Cursor, GrammarError, tokenizer_from_json
 from acespec.shared.logprobs import TokenLogprob, token_logprob
 from acespec.shared.served import NodeScore, ServeParams
 
@@ -97,6 +97,7 @@ class Engine:
         self.sessions: dict[str, EdgeDecidedSession] = {}
         self._ids: dict[int, str] = {}  # id(session) -> its session id, for the metrics
         self.clients: dict[str, set[str]] = {}  # client -> its open sessions' ids
+        self.grammars = GrammarWork(self.tokenizer, self.model.args.vocab_size)
         self.depth = Depth(max(1, self.limits.propose))  # lone passes' proposals worth scoring
         self.depth.cost = self.batcher.cost  # the passes' measured cost, all sessions in them
         self.generating = 0  # Generate calls running now
@@ -145,7 +146,7 @@ class Engine:
 
     async def open(self, prompt: Sequence[int], params: ServeParams, seed: int,
                    max_live_nodes: int = 0, client: str = "") -> OpenResult:
-        grammar = self._grammar(params)
+        grammar = await self.grammars.cursor(params)
         self._admit()
         self._check_prompt(prompt)
         live = min(max_live_nodes or self.limits.max_live_nodes, self.limits.max_live_nodes)
@@ -154,7 +155,8 @@ class Engine:
         req = session.plan_open(prompt)
         session_id = self._register(session, client)
         try:
-            root = session.finish_open(await self.batcher.score(req, client=client))
+            root = await self._decisions(session, session.finish_open,
+                                         await self.batcher.score(req, client=client))
         except BaseException:
             self.close(session_id)
             raise
@@ -183,7 +185,7 @@ class Engine:
                               vocab=vocab, propose=self.limits.propose)
         session = DecidedSession(prompt, params, seed, limits)
         session.logprobs = logprobs
-        session.grammar = self._grammar(params)
+        session.grammar = await self.grammars.cursor(params)
         session.cache = self.model.new_cache(len(prompt) + 64)
         if gap and self.gap and self.limits.propose:
             session.gap = self.gap.open()
@@ -195,7 +197,8 @@ class Engine:
         except BaseException:
             self.close(session_id)
             raise
-        _, first = session.finish_prefill(logits[-1].cpu().numpy(), time.perf_counter() - t0)
+        _, first = await self._decisions(session, session.finish_prefill,
+                                         logits[-1].cpu().numpy(), time.perf_counter() - t0)
         return session_id, session, first
 
     async def decided_pass(self, session: DecidedSession) -> tuple[int, list[int]]:
@@ -214,7 +217,8 @@ class Engine:
                                                   None if chain else parents),
                                           client=session.client)
         pass_s = time.perf_counter() - t0
-        start, new = session.finish_pass(logits.cpu().numpy(), pass_s)
+        start, new = await self._decisions(session, session.finish_pass,
+                                           logits.cpu().numpy(), pass_s)
         self.pressure.on_decided(len(new))
         if session.done:  # lingering for the edge's last drafts, it is scored no more
             self.batcher.forget(session.cache)
@@ -303,12 +307,23 @@ class Engine:
         except BaseException:
             session.abandon(first_id, sum(len(t) for _, t, _ in extends))
             raise
-        out, offset = [], 0
-        for fid, tokens, _ in extends:
-            out.append(session.finish_extend(fid, logits[offset:offset + len(tokens)]))
-            offset += len(tokens)
+        out = await self._decisions(session, _finish_extends, session, extends, logits)
         self._report_share(session)
         return out
+
+    async def _decisions(self, session, fn, *args):
+        """fn(*args): a session's decisions from its pass's logits, off the event loop when
+        a grammar masks them (GrammarWork), whose seconds are charged to the session's
+        share as the nodes passes would score meanwhile."""
+        out, seconds = await self.grammars.apply(session.grammar, fn, *args)
+        if seconds:
+            session.share.charge(seconds / self._node_seconds())
+        return out
+
+    def _node_seconds(self) -> float:
+        """A node's part of the recent passes' seconds."""
+        nodes = max(1, round(self.pressure.nodes))
+        return max(self.batcher.cost.seconds(nodes) / nodes, 1e-6)
 
     def _report_share(self, session) -> None:
         if self.metrics:
@@ -368,10 +383,11 @@ class Engine:
             stop = set(stop)
             shaped = params.sampling.shaped
             text = list(prompt) if shaped else []  # what penalties and the grammar count
-            grammar = self._grammar(params)
+            grammar = await self.grammars.cursor(params)
             for i in range(max_tokens):
                 row = logits[-1].cpu().numpy()
-                token = decide(row, params, seed, len(prompt) + i, text, grammar)
+                token, _ = await self.grammars.apply(grammar, decide, row, params, seed,
+                                                     len(prompt) + i, text, grammar)
                 yield token, None if logprobs is None else token_logprob(row, token, logprobs)
                 if token in stop or i + 1 == max_tokens:
                     return
@@ -397,21 +413,6 @@ class Engine:
                                                                             top_n))
         finally:
             self.generating -= 1
-
-    def _grammar(self, params: ServeParams) -> Cursor | None:
-        """The session's grammar, following its output (None: free text); InvalidArgument
-        naming what is wrong when it cannot be used."""
-        grammar = params.sampling.grammar
-        if grammar is None:
-            return None
-        if self.tokenizer is None:
-            raise FailedPrecondition("this verifier has no tokenizer.json for structured "
-                                     "output's grammars")
-        try:
-            return Cursor(tokenizer_from_json(*self.tokenizer), grammar,
-                          params.sampling.output_from, self.model.args.vocab_size)
-        except GrammarError as e:
-            raise InvalidArgument(f"sampling.grammar: {e}") from None
 
     def _check_generate(self, prompt: Sequence[int], max_tokens: int) -> int:
         """Validate a Generate request; returns the number of tokens to generate. The
@@ -445,6 +446,17 @@ class Engine:
         await self.batcher.close()
         if self.gap:
             self.gap.close()
+        self.grammars.close()
+
+
+def _finish_extends(session: EdgeDecidedSession, extends: Sequence[tuple],
+                    logits: torch.Tensor) -> list[list[NodeScore]]:
+    """Each Extend's scores from the one pass's logits (their nodes' rows, in order)."""
+    out, offset = [], 0
+    for fid, tokens, _ in extends:
+        out.append(session.finish_extend(fid, logits[offset:offset + len(tokens)]))
+        offset += len(tokens)
+    return out
 
 
 def _scored(rows: torch.Tensor, at: int, prompt: Sequence[int], top_n: int

@@ -55,6 +55,11 @@ class Share:
         self.total_scored += scored
         self.total_accepted += accepted
 
+    def charge(self, nodes: float) -> None:
+        """Work done for the session besides its nodes (its grammar's masks), as the nodes a
+        pass would score meanwhile: counted as scored and not taken."""
+        self.scored += nodes
+
     def accept(self, accepted: int) -> None:
         """Tokens taken later than their pass (an edge-decided session's Commit)."""
         self.accepted += accepted
