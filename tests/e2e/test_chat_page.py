@@ -3,11 +3,13 @@ started from the shell, as a user runs it: with a verifier, `--offline local` an
 `--api-key`. The page asks for the key; Enter sends and Shift+Enter breaks the line; each
 answer on the page is the API's greedy answer to the same conversation; with the verifier
 killed mid-answer the page shows the drafter's text marked unverified, and once a verifier
-is back, the verified text in its place. Everything the page loads comes from the server."""
+is back, the verified text in its place; it follows every sequence of the stream's
+acespec fields as the server makes them. Everything the page loads comes from the server."""
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 
 import pytest
@@ -15,6 +17,10 @@ import pytest
 pytest.importorskip("llama_cpp")
 pytest.importorskip("torch")
 httpx = pytest.importorskip("httpx")
+
+from acespec.edge.api.answer import stream_parts  # noqa: E402
+from acespec.edge.api.openai_types import parse_request  # noqa: E402
+from acespec.edge.shown import ShownText  # noqa: E402
 
 from cli_harness import Proc, edge_serve  # noqa: E402
 from conftest import free_port  # noqa: E402
@@ -185,3 +191,42 @@ def test_unverified_text_is_marked_then_replaced_by_the_verified_text(page, stac
     assert page.locator(".msg.assistant").get_attribute("data-unverified") is None
     assert _answers(page) == [ref]
     assert "confirmed" in page.text_content("#status-unverified")
+
+
+def _states(rng: random.Random, steps: int) -> list[tuple[str, str]]:
+    """A run of (verified text, unverified text after it), as an answer goes through local
+    offline mode: the verified text only grows, the unverified text comes and goes, and both
+    hold characters beyond UTF-16's basic plane (JS strings count those twice)."""
+    chars, verified, out = ["a", "b", "\u00e9", "\U0001F600", "\n"], "", []
+    for _ in range(steps):
+        verified += "".join(rng.choices(chars, k=rng.randrange(3)))
+        out.append((verified, "".join(rng.choices(chars, k=rng.randrange(4)))))
+    return out
+
+
+def test_the_page_follows_every_sequence_of_acespec_fields(page):
+    """The page's ShownAnswer against the server's own stream parts (ShownText, stream_parts)
+    for random answers: after each step it shows the verified text, then the unverified text
+    marked, never verified text after unverified."""
+    req = parse_request({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                         "stream": True}, True, lambda messages, tools=None: [("x", False)])
+    rng = random.Random(0)
+    for _ in range(20):
+        shown, steps, want = ShownText(), [], []
+        for verified, unverified in _states(rng, 12):
+            steps.append(stream_parts(req, 0, shown.update(verified, unverified), None, None))
+            want.append([verified, unverified])
+        got = page.evaluate("""steps => {
+            const message = document.createElement("div");
+            message.append(Object.assign(document.createElement("div"), {className: "text"}));
+            const answer = new ShownAnswer(message), seen = [];
+            for (const choices of steps) {
+                choices.forEach((c) => answer.apply(c));
+                const runs = answer.runs, cut = runs.findIndex((r) => !r.verified);
+                const tail = cut < 0 ? [] : runs.slice(cut);
+                seen.push(tail.some((r) => r.verified) ? ["unverified before verified"]
+                    : [runs.slice(0, cut < 0 ? runs.length : cut).map((r) => r.text).join(""),
+                       tail.map((r) => r.text).join("")]);
+            }
+            return seen; }""", steps)
+        assert got == want
