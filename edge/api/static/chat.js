@@ -319,13 +319,18 @@ class Meter {
   }
 }
 
-function showLink(text, up) {
+function showLink(text, up, why = "") {  // why: the link's last error, on hover
   $("status-link").textContent = text;
+  $("status-link").title = why;
   $("status-link").dataset.state = up ? "up" : "down";
 }
 
 function linkNote(comment) {  // the stream's SSE comments about the verifier
-  if (comment.startsWith("verifier unreachable")) showLink(`link down: ${comment}`, false);
+  if (comment.startsWith("verifier unreachable")) {
+    const answering = comment.includes("answering locally") ? ": answering here, unverified"
+      : ": waiting";
+    showLink(`link down${answering}`, false, comment);
+  }
   else if (comment.startsWith("verifier back")) showLink(`link up: ${comment}`, true);
 }
 
@@ -334,7 +339,7 @@ async function pollHealth() {
     const h = await (await fetch("health", {cache: "no-store"})).json();
     if (!model && h.model) showModel(h.model);
     if (h.link === "down") {
-      showLink(`link down ${h.down_s} s (${h.reason}); verifier ${h.verifier}`, false);
+      showLink(`link down ${h.down_s} s; verifier ${h.verifier}`, false, h.reason);
     } else {
       showLink(`link up; verifier ${h.verifier}`, h.verifier === "ready");
     }
