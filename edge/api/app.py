@@ -197,6 +197,8 @@ async def _no_route(request: Request, exc: HTTPException) -> JSONResponse:
                      "(it serves /v1/completions, /v1/chat/completions, /v1/models, /health, "
                      "/ready, /metrics, and Ollama's /api/chat, /api/generate, /api/tags, "
                      "/api/show, /api/ps, /api/version)", code="not_found")
+    if request.url.path.startswith("/api/"):  # Ollama's clients read {"error": "..."}
+        return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
     return _error(e)
 
 

@@ -70,7 +70,7 @@ class ApiGuard:
             if refusal is None:
                 receive = _replay(body, receive)
         if refusal is not None:
-            return await _respond(send, *refusal)
+            return await _respond(send, *refusal, ollama=scope["path"].startswith("/api/"))
         await self.app(scope, receive, send)
 
     def _refusal(self, scope, headers: dict) -> tuple | None:
@@ -136,10 +136,12 @@ def _replay(body: bytes, receive):
     return replayed
 
 
-async def _respond(send, status: int, message: str, code: str, headers: dict | None = None):
+async def _respond(send, status: int, message: str, code: str, headers: dict | None = None,
+                   ollama: bool = False):
+    """The refusal in OpenAI's error shape, or Ollama's ({"error": message}) on its /api/*."""
     kind = "authentication_error" if status == 401 else "invalid_request_error"
-    body = json.dumps({"error": {"message": message, "type": kind, "param": None,
-                                 "code": code}}).encode()
+    body = json.dumps({"error": message} if ollama else {"error": {
+        "message": message, "type": kind, "param": None, "code": code}}).encode()
     hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     hdrs += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": hdrs})

@@ -77,7 +77,7 @@ def openai(url: str, path: str, body: dict) -> dict:
 
 def test_chat_streamed_and_whole_is_the_openai_greedy_answer(stack):
     url, client = stack
-    whole = client.chat(model="acespec", messages=ASK, options=GREEDY)
+    whole = client.chat(model="acespec", messages=ASK, options=GREEDY, keep_alive="5m")
     assert whole.done and whole.done_reason in ("stop", "length")
     assert whole.message.role == "assistant" and whole.model == "acespec"
     assert whole.prompt_eval_count > 0 and 0 < whole.eval_count <= 12
@@ -171,6 +171,7 @@ def test_model_routes(stack):
     ("chat", {"stream": "yes"}, 400, "'stream'"),
     ("chat", {"format": "yaml"}, 400, "'format'"),
     ("chat", {"think": True}, 400, "'think'"),
+    ("chat", {"format": "json", "tools": [ADD]}, 400, "'format' and 'tools'"),
     ("chat", {"unknown": 1}, 400, "'unknown'"),
     ("chat", {"messages": [{"role": "user", "content": "hi", "images": ["AAAA"]}]}, 400,
      "'messages[0].images'"),
@@ -191,14 +192,17 @@ def test_the_client_raises_the_refusal(stack):
     _, client = stack
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="llama3", messages=ASK)
-    assert e.value.status_code == 404 and "llama3" in e.value.error
+    assert e.value.status_code == 404 and e.value.error == "model 'llama3' not found"
+    with pytest.raises(ollama.ResponseError) as e:  # a route this server does not serve
+        client.pull("llama3")
+    assert e.value.status_code == 404 and "/api/chat" in e.value.error
 
 
 def test_the_key_is_required(stack):
     url, _ = stack
     for path in ("/api/chat", "/api/generate", "/api/show"):
         r = httpx.post(url + path, json={"model": "acespec"}, timeout=10)
-        assert r.status_code == 401, (path, r.text)
+        assert r.status_code == 401 and "API key" in r.json()["error"], (path, r.text)
     assert httpx.get(f"{url}/api/tags", timeout=10).status_code == 401
     with pytest.raises(ollama.ResponseError) as e:
         ollama.Client(host=url, timeout=10).chat(model="acespec", messages=ASK)
