@@ -10,6 +10,7 @@ anywhere else, and no inline script runs.
 from __future__ import annotations
 
 from importlib.resources import files
+from pathlib import PurePosixPath
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -32,7 +33,7 @@ def static_files() -> dict[str, tuple[bytes, str]]:
     """The page's files: name -> (content, content type), read once from the package."""
     out = {}
     for f in files(__package__).joinpath(STATIC).iterdir():
-        kind = TYPES.get(f.name[f.name.rfind("."):]) if "." in f.name else None
+        kind = TYPES.get(PurePosixPath(f.name).suffix)
         if f.is_file() and kind is not None:
             out[f.name] = (f.read_bytes(), kind)
     if INDEX not in out:
@@ -42,7 +43,8 @@ def static_files() -> dict[str, tuple[bytes, str]]:
 
 
 def page_routes(svc) -> list[BaseRoute]:
-    """GET / (the page) and GET /static/NAME (its script, style and icon)."""
+    """GET / (the page) and GET /static/NAME (its script, style and icon). The page needs
+    nothing of the service `svc`: it reaches the server through its API."""
     assets = static_files()
 
     def respond(name: str) -> Response:
