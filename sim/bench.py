@@ -214,6 +214,10 @@ class Meter:
                 if self.engine.metrics else 0.0
         return self._counter("acespec_nodes_scored_total")
 
+    def rss(self) -> float:
+        """The verifier process's resident bytes now (a verifier process only)."""
+        return self._counter("process_resident_memory_bytes")
+
     def sessions(self) -> float:
         """Sessions (and Generate calls) open at the verifier now."""
         if self.engine is not None:

@@ -137,7 +137,10 @@ def _add_hostile(cmds) -> None:
     p.add_argument("--scenarios", default="alone,peer,waste1,waste4,long2",
                    help="alone, peerN (N honest clients), wasteN (N clients extending 256 "
                    "random nodes per round), longN (N clients opening sessions on 4,000-token "
-                   "prompts) (default: %(default)s)")
+                   "prompts), schemaN (N clients opening sessions constrained by a "
+                   "3,000-property JSON schema), echoN (N clients scoring 2,000-token prompts "
+                   "for their logprobs), streamsN (one client with N sessions at once) "
+                   "(default: %(default)s)")
     _generation_options(p, temperature=False)
     _verifier_options(p, STEP_MS, "per-node heavy", dtype=True, cloud_draft=False)
     _model_options(p)

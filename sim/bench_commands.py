@@ -91,10 +91,11 @@ def bench_hostile(args) -> int:
 
     async def main() -> list[dict]:
         async with bench._verifier_process(cfg, args.model) as start:
-            async with start(None) as (host, port, _, _busy):
+            async with start(None) as (host, port, _, meter):
                 return await asyncio.to_thread(
                     hostile.run, scenarios, f"{host}:{port}", vh, list(hostile.HONEST_PROMPTS),
-                    args.max_tokens, pair_args, lambda m: print(m, file=sys.stderr))
+                    args.max_tokens, pair_args, lambda m: print(m, file=sys.stderr),
+                    meter.rss)
 
     rows = asyncio.run(main())
     print(f"profile: --emulate-step-ms {cfg.emulate}, --propose {cfg.propose}, honest "
