@@ -101,6 +101,7 @@ def browser():
         if os.environ.get("ACESPEC_REQUIRE_CHROMIUM"):
             pytest.fail(f"{why}, and ACESPEC_REQUIRE_CHROMIUM is set")
         pytest.skip(why)
+    expect.set_options(timeout=30_000)  # the answers share 2 cores with other tests
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
         yield b
