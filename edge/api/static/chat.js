@@ -330,8 +330,7 @@ function linkNote(comment) {  // the stream's SSE comments about the verifier
     const answering = comment.includes("answering locally") ? ": answering here, unverified"
       : ": waiting";
     showLink(`link down${answering}`, false, comment);
-  }
-  else if (comment.startsWith("verifier back")) showLink(`link up: ${comment}`, true);
+  } else if (comment.startsWith("verifier back")) showLink(`link up: ${comment}`, true);
 }
 
 async function pollHealth() {
