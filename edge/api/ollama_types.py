@@ -136,9 +136,10 @@ def _options(options) -> tuple[dict, bool]:
     out = dict(DEFAULTS)
     for name, value in options.items():
         at = f"options.{name:.40}"
+        if value is None:  # unset (clients that fill in every option send these)
+            continue
         if name in OPTIONS:
-            if value is not None:
-                out[OPTIONS[name]] = value
+            out[OPTIONS[name]] = value
         elif name in OPTIONS_OFF:
             if not is_off(value, OPTIONS_OFF[name]):
                 raise ApiError(400, f"'{at}' is not supported by this server (accepted only "

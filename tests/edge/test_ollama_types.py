@@ -68,6 +68,8 @@ def test_ollamas_defaults_and_an_open_length():
     for n in (-1, -2):
         assert chat(options={"num_predict": n}).open_length
     assert chat(options={"seed": -1}).req.seed is None  # Ollama's "random"
+    unset = chat(options={"num_ctx": None, "temperature": None, "mirostat": None}).req
+    assert unset.temperature == 0.8  # null: unset, whatever the option
 
 
 def test_format_is_response_format():
