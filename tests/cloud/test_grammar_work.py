@@ -28,20 +28,20 @@ FORMAT = {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}}
 
 @pytest.fixture
 def where(monkeypatch):
-    """The names of the threads that built a grammar's cursor and masked with it."""
+    """The names of the threads that built a grammar's matcher and masked with it."""
     seen: dict[str, set[str]] = {"build": set(), "mask": set()}
-    cursor = grammar_mod.Cursor
+    build, mask = grammar_mod.new_matcher, grammar_mod.Cursor.mask
 
-    class Watched(cursor):
-        def __init__(self, *a, **kw):
-            seen["build"].add(threading.current_thread().name)
-            super().__init__(*a, **kw)
+    def watched_build(*a, **kw):
+        seen["build"].add(threading.current_thread().name)
+        return build(*a, **kw)
 
-        def mask(self, text):
-            seen["mask"].add(threading.current_thread().name)
-            return super().mask(text)
+    def watched_mask(self, text):
+        seen["mask"].add(threading.current_thread().name)
+        return mask(self, text)
 
-    monkeypatch.setattr("acespec.cloud.verify.grammar_work.Cursor", Watched)
+    monkeypatch.setattr("acespec.cloud.verify.grammar_work.new_matcher", watched_build)
+    monkeypatch.setattr(grammar_mod.Cursor, "mask", watched_mask)
     return seen
 
 
@@ -74,9 +74,31 @@ def test_grammars_are_built_and_applied_off_the_loop_and_the_passes(tiny_pair, w
         return loop_thread, charged, out
 
     loop_thread, charged, out = run(go())
-    assert where["build"] and where["mask"]
+    assert len(where["build"]) == 1 and where["mask"]  # one build: the matcher is kept
     threads = where["build"] | where["mask"]
     assert all(name.startswith("grammar") for name in threads), threads
     assert loop_thread not in threads
     assert len(charged) == 3 and all(nodes > 0 for nodes in charged)  # each pass's masks
     assert tok.decode(out).startswith("{")
+
+
+def test_a_grammar_that_builds_too_long_is_refused_by_name(tiny_pair, monkeypatch):
+    from acespec.cloud.errors import InvalidArgument
+    from acespec.cloud.verify import grammar_work
+
+    tok_dir, model, _ = tiny_pair
+    tok = Tokenizer.load(tok_dir)
+    build = grammar_mod.new_matcher
+
+    def slow_build(*a, **kw):
+        import time
+        time.sleep(0.5)
+        return build(*a, **kw)
+
+    monkeypatch.setattr(grammar_work, "BUILD_S", 0.1)
+    monkeypatch.setattr(grammar_work, "new_matcher", slow_build)
+    work = grammar_work.GrammarWork((str(tok.path), tok.eos_id), model.args.vocab_size)
+    params = ServeParams(SamplingParams(grammar=response_grammar(FORMAT)))
+    with pytest.raises(InvalidArgument, match=r"sampling.grammar: .* more than 0.1 s"):
+        run(work.cursor(params))
+    work.close()
