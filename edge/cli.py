@@ -63,7 +63,8 @@ def add_parser(sub) -> None:
     sv = esub.add_parser(
         "serve", help="a local OpenAI-compatible server (completions, chat, SSE streaming)",
         description="Serve /v1/completions, /v1/chat/completions (when the drafter's GGUF has a "
-        "chat template), /v1/models, /health and /metrics on a local port; generation is "
+        "chat template), /v1/models, Ollama's /api/chat, /api/generate, /api/tags, /api/show, "
+        "/api/ps and /api/version, /health and /metrics on a local port; generation is "
         "drafted here and verified by the cloud verifier.")
     _serve_flags(sv)
     sv.set_defaults(func=command(_commands, "run_serve"))
