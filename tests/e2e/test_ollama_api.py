@@ -6,11 +6,12 @@ required."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 httpx = pytest.importorskip("httpx")
 ollama = pytest.importorskip("ollama")
@@ -27,7 +28,7 @@ ASK = [{"role": "user", "content": "write a loop"}]
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ok", "n"],
           "properties": {"ok": {"type": "boolean"},
                          "n": {"type": "integer", "minimum": 0, "maximum": 9}}}
-DIGIT = {"type": "integer", "enum": list(range(10))}  # (the client sends no minimum, maximum)
+DIGIT = {"type": "integer", "enum": list(range(10))}  # the client drops minimum, keeps enum
 ADD = {"type": "function", "function": {
     "name": "add", "description": "Add two digits",
     "parameters": {"type": "object", "required": ["a", "b"],
@@ -41,10 +42,6 @@ def stack(tiny_pair, tmp_path_factory):
     '{' (how a tool call starts) made its second choice, just behind its first: sampled with
     top_k 2 it starts a call about every other seed. Yields (base URL, an ollama client that
     sends the key)."""
-    import copy
-
-    import torch
-
     from acespec.models.export_hf import export_hf
     from acespec.models.gguf_export import export_gguf
     from acespec.shared.tokenizer import Tokenizer
