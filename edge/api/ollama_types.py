@@ -79,6 +79,9 @@ def parse_ollama(body, chat: bool, render_chat, templated: bool) -> OllamaReques
         openai["response_format"] = fmt
     if chat:
         as_chat, prompt = True, _chat(body, openai)
+        if prompt and not templated:
+            raise ApiError(400, f"model {model[:80]!r} has no chat template; use /api/generate "
+                           "(its prompt goes to the model as it is)", "messages")
     else:
         as_chat, prompt = _generate(body, openai, templated)
     if not prompt:  # Ollama loads the model and answers done_reason "load"

@@ -165,6 +165,8 @@ def test_generate_refusals():
         assert named in error_body(e.value)["error"], body
     with pytest.raises(ApiError, match="'system'"):
         generate(templated=False, prompt="hi", system="be brief")
+    with pytest.raises(ApiError, match="no chat template; use /api/generate"):
+        chat(templated=False)
 
 
 def test_served_names_take_the_latest_tag():
