@@ -225,8 +225,8 @@ def honest(addr: str, prompt: str, max_tokens: int, pair_args: list[str],
 def attackers(scenario: Scenario, addr: str, vh: str, seconds: float, max_tokens: int,
               pair_args: list[str]) -> list[subprocess.Popen]:
     return [subprocess.Popen(python_module("acespec.sim.hostile") + [
-        scenario.kind, addr, vh, str(seconds), str(i), str(max_tokens),
-        "--count", str(scenario.clients), *pair_args],
+        "--count", str(scenario.clients),  # (before the positionals: pair_args ends the line)
+        scenario.kind, addr, vh, str(seconds), str(i), str(max_tokens), *pair_args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(scenario.processes)]
 
