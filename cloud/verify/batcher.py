@@ -22,7 +22,7 @@ from acespec.cloud.errors import Unavailable
 from acespec.cloud.target.kv_cache import KVCache
 from acespec.cloud.target.model import Request, Transformer
 from acespec.cloud.verify.clients import RECENT_S as CLIENT_RECENT_S
-from acespec.cloud.verify.clients import ClientLoad, fair_level, split
+from acespec.cloud.verify.clients import ClientLoad, fair_level, in_turn
 from acespec.cloud.verify.proposals import PassCost
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,8 @@ class Batcher:
         heads = [j for j in self._jobs if not (j.key in seen or seen.add(j.key))]
         room = self.max_batch_nodes
         decode = [j for j in heads if not j.prefill]
-        prefill = sorted((j for j in heads if j.prefill), key=lambda j: j.left)  # short first
+        prefill = in_turn([j for j in heads if j.prefill], lambda j: j.client,
+                          lambda j: j.left)  # each client's shortest first, short first
         wants = [(job, min(job.left, job.grant() if job.grant else job.left))
                  for job in decode]
         level, plan, used = self._fair_level(wants, now), [], {}
@@ -226,15 +227,11 @@ class Batcher:
                 room -= n
                 used[job.client] = mine + n
         prefill_room = self._prefill_budget(heads, sum(n for _, n in plan))
-        demand: dict[str, int] = {}
         for job in prefill:
-            demand[job.client] = demand.get(job.client, 0) + job.left
-        parts = split(min(room, prefill_room), demand)
-        for job in prefill:
-            n = min(job.left, parts[job.client])
+            n = min(job.left, room, prefill_room)
             if n > 0:
                 plan.append((job, n))
-                parts[job.client] -= n
+                room, prefill_room = room - n, prefill_room - n
         return [(job, self._chunk(job, n)) for job, n in plan]
 
     def _fair_level(self, wants: list[tuple[Job, int]], now: float) -> float:

@@ -9,8 +9,9 @@ largest demand), so a client buys no share with sessions: with one session among
 of one session each nothing changes; with fifty it gets about what the busiest other client
 gets, the rest of its sessions waiting for later passes in turn (those held go first next).
 Where the device scores nodes for free (below the measured cost's knee) the rest of the
-free room is filled too. Prompt tokens (prefills, prompts scored for their logprobs) split the pass's prefill
-budget alike, evenly among the clients that have one waiting.
+free room is filled too. Prompts (prefills, and prompts scored for their logprobs) take the
+pass's prefill budget in turn by client: every client's shortest waiting prompt, shortest
+first, before any client's second.
 
 Parts change only which pass scores what, never a verdict.
 """
@@ -54,13 +55,15 @@ def fair_level(demand: Mapping[str, float], free: int = 0) -> float:
     return level
 
 
-def split(room: int, demand: Mapping[str, int]) -> dict[str, int]:
-    """`room` split among clients by demand, max-min fair (water filling): each gets its
-    demand or an equal part of what the smaller ones leave."""
-    parts: dict[str, int] = {}
-    left = room
-    ordered = sorted(demand.items(), key=lambda kv: kv[1])
-    for i, (client, want) in enumerate(ordered):
-        parts[client] = min(want, left // (len(ordered) - i))
-        left -= parts[client]
-    return parts
+def in_turn(jobs: list, client, length) -> list:
+    """Prompts in the order a pass takes them: each client's shortest first, shortest of
+    those first (so a lone prompt per client is shortest-first, as a pass is filled best for
+    the time to first token), then each client's second, and so on: a client's further
+    prompts wait behind every other client's first, however many it sends."""
+    ranked: dict[object, int] = {}
+    keyed = []
+    for job in sorted(jobs, key=length):
+        rank = ranked.get(client(job), 0)
+        ranked[client(job)] = rank + 1
+        keyed.append((rank, length(job), job))
+    return [job for _, _, job in sorted(keyed, key=lambda k: k[:2])]

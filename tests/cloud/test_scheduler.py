@@ -21,7 +21,7 @@ from acespec.cloud.verify.batcher import (  # noqa: E402
     Batcher,
     StepEmulation,
 )  # noqa: E402
-from acespec.cloud.verify.clients import fair_level, split  # noqa: E402
+from acespec.cloud.verify.clients import fair_level, in_turn  # noqa: E402
 from acespec.cloud.verify.decided import ROOT, DecidedSession, DecideLimits  # noqa: E402
 from acespec.cloud.verify.share import FLOOR, Share  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
@@ -303,10 +303,12 @@ def test_the_fair_level_is_what_the_next_busiest_client_could_use():
     assert fair_level({"a": 8, "b": 8}, free=64) == 56  # below the knee nobody waits
 
 
-def test_a_split_is_max_min_fair():
-    assert split(100, {"a": 10, "b": 500, "c": 500}) == {"a": 10, "b": 45, "c": 45}
-    assert split(10, {"a": 3}) == {"a": 3}
-    assert sum(split(11, {"a": 50, "b": 50}).values()) == 11
+def test_prompts_go_in_turn_by_client_and_shortest_first():
+    jobs = [("many", 5), ("many", 6), ("many", 7), ("one", 300), ("other", 40)]
+    order = in_turn(jobs, lambda j: j[0], lambda j: j[1])
+    assert order == [("many", 5), ("other", 40), ("one", 300), ("many", 6), ("many", 7)]
+    alone = [("a", 30), ("b", 10), ("c", 20)]
+    assert in_turn(alone, lambda j: j[0], lambda j: j[1]) == sorted(alone, key=lambda j: j[1])
 
 
 def test_a_client_buys_no_share_with_sessions(tiny_pair):
