@@ -126,6 +126,7 @@ class Stats:
     more_tail: int = 0
     seconds: float = 0.0
     first_token_s: float | None = None
+    longest_gap_s: float = 0.0  # the longest wait between two tokens after the first
     round_trips: list[float] = field(default_factory=list)  # Extend sent -> its Scores, seconds
     cache: CacheStats = field(default_factory=CacheStats)  # acespec mode
     budgets: dict | None = None  # acespec mode: the branch budgets in force
@@ -227,4 +228,5 @@ class Stats:
                 "unverified_replaced": self.unverified_replaced,
                 "unverified_tail_tokens": len(self.unverified_tail),
                 "ttft_s": round(self.first_token_s, 4) if self.first_token_s is not None else None,
+                "longest_gap_s": round(self.longest_gap_s, 4),
                 "seconds": round(self.seconds, 3)}

@@ -48,6 +48,7 @@ class Runner:
         self._confirmed = 0  # unverified tokens confirmed since the span was last settled
         self._logprobs: dict[int, TokenLogprob] = {}  # position -> the target's, until emitted
         self.t0 = time.perf_counter()
+        self._last_s = 0.0  # when the last token was emitted (seconds from t0)
         self.finished = False
         self.connected = False  # a verifier answered at least once (resume, not fail fast)
         self._sess: CloudSession | None = None  # the live session (for live byte counts)
@@ -99,8 +100,12 @@ class Runner:
             self._take_logprob()
             self.out.append(t)
             self.stats.tokens += 1
+            now = time.perf_counter() - self.t0
             if self.stats.first_token_s is None:
-                self.stats.first_token_s = time.perf_counter() - self.t0
+                self.stats.first_token_s = now
+            else:  # a stall the user sees: the longest wait between two tokens
+                self.stats.longest_gap_s = max(self.stats.longest_gap_s, now - self._last_s)
+            self._last_s = now
             if self.on_tokens:
                 self._sync_bytes()
                 if self.on_tokens([t], self.stats):  # the caller wants no more (a stop string)

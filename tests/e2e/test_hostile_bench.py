@@ -23,6 +23,7 @@ LONG_BOUND = 0.4  # ... and 0.6
 SCHEMA_BOUND = STREAMS_BOUND = 0.35  # ... and 0.5
 ECHO_BOUND = 0.2  # ... and 0.3
 RSS_MB = 300
+GAP_S = 2.0  # the honest client's longest wait between two tokens (the target: 1 s)
 SCENARIOS = ("alone", "waste1", "long2", "schema1", "echo4", "streams50")
 
 
@@ -41,6 +42,7 @@ def test_hostile_bench_keeps_the_honest_client_going(tmp_path):
     assert rows["schema1"]["vs_alone"] >= SCHEMA_BOUND
     assert rows["echo4"]["vs_alone"] >= ECHO_BOUND
     assert rows["streams50"]["vs_alone"] >= STREAMS_BOUND
+    assert all(0 < row["longest_gap_s"] <= GAP_S for row in rows.values()), rows
     alone_mb = rows["alone"]["verifier_rss_mb"]
     assert all(row["verifier_rss_mb"] <= alone_mb + RSS_MB for row in rows.values()), rows
 
