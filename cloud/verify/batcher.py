@@ -116,9 +116,10 @@ class Batcher:
     than it earns waits for later passes instead of slowing everyone's."""
 
     def __init__(self, model: Transformer, max_batch_nodes: int = 1024,
-                 emulation: StepEmulation = StepEmulation(), on_pass=None):
+                 emulation: StepEmulation = StepEmulation(), on_pass=None, on_settled=None):
         self.model, self.max_batch_nodes, self.emulation = model, max_batch_nodes, emulation
-        self.on_pass = on_pass  # callback(PassStats) for metrics
+        self.on_pass = on_pass  # callback(PassStats) for metrics, in the worker thread
+        self.on_settled = on_settled  # callback({client: nodes}) after a pass, on the loop
         self.cost = PassCost()  # seconds per pass by its nodes, measured here
         self._jobs: list[Job] = []
         self._wake = asyncio.Event()
@@ -177,9 +178,12 @@ class Batcher:
                 self._wake.clear()
                 continue
             t0 = time.perf_counter()
-            await loop.run_in_executor(self._pool, self._run, plan, _client_nodes(plan))
+            clients = _client_nodes(plan)
+            await loop.run_in_executor(self._pool, self._run, plan, clients)
             wait_s = max(GATHER_S, GATHER_SHARE * (time.perf_counter() - t0))
             back = self._settle(plan, wait_s)
+            if self.on_settled:
+                self.on_settled(clients)
             # Drop the requests now, not when the next one arrives: each holds its KV cache,
             # whose blocks go back to the pool (which may then shrink) only once unreferenced.
             plan = None

@@ -31,12 +31,12 @@ class ClientLoad:
     """A client's recent part of the passes."""
 
     nodes: float = 0.0  # decayed nodes per pass it was in
-    last: float = -math.inf  # when it was last in a pass (perf_counter seconds)
-    passes: int = 0
+    last: float = -math.inf  # when it was last in a pass (perf_counter seconds; -inf: never)
 
     def on_pass(self, nodes: int, now: float) -> None:
-        self.nodes = nodes if self.passes == 0 else DECAY * self.nodes + (1 - DECAY) * nodes
-        self.last, self.passes = now, self.passes + 1
+        first = self.last == -math.inf
+        self.nodes = nodes if first else DECAY * self.nodes + (1 - DECAY) * nodes
+        self.last = now
 
 
 def fair_level(demand: Mapping[str, float], free: int = 0) -> float:

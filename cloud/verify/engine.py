@@ -93,7 +93,7 @@ class Engine:
     def __post_init__(self) -> None:
         self.pressure = Pressure()  # how full the passes are (load-aware speculation)
         self.batcher = Batcher(self.model, self.limits.max_batch_nodes, self.emulation,
-                               self._on_pass)
+                               self._on_pass, self._on_settled)
         self.sessions: dict[str, EdgeDecidedSession] = {}
         self._ids: dict[int, str] = {}  # id(session) -> its session id, for the metrics
         self.clients: dict[str, set[str]] = {}  # client -> its open sessions' ids
@@ -113,9 +113,16 @@ class Engine:
         self.pressure.on_pass(stats.sessions, stats.nodes)
         if self.metrics:
             self.metrics.on_pass(stats)
-            for client in stats.clients:
-                if client in self.clients:  # a client of open sessions (not Generate's alone)
-                    self.metrics.on_client_nodes(client, self.batcher.client_nodes(client))
+
+    def _on_settled(self, clients: dict[str, int]) -> None:
+        """After a pass, on the event loop: the series of the clients in it (once a pass, not
+        once per session: a client's series sum over all its sessions)."""
+        if not self.metrics:
+            return
+        for client in clients:
+            if client in self.clients:  # a client of open sessions (not Generate's alone)
+                self._report_client(client)
+                self.metrics.on_client_nodes(client, self.batcher.client_nodes(client))
 
     @property
     def active(self) -> int:
@@ -328,7 +335,6 @@ class Engine:
     def _report_share(self, session) -> None:
         if self.metrics:
             self.metrics.on_share(self._ids.get(id(session), "?"), session.share)
-            self._report_client(session.client)
 
     def _report_client(self, client: str) -> None:
         """The client's series: its open sessions and their shares, or none once it has none."""

@@ -49,11 +49,10 @@ class GrammarWork:
         if self.tokenizer is None:
             raise FailedPrecondition("this verifier has no tokenizer.json for structured "
                                      "output's grammars")
-        pristine = self._kept.get(grammar)
+        pristine = self._kept.pop(grammar, None)
         if pristine is None:
             pristine = await self._build(grammar)
-        self._kept[grammar] = pristine
-        self._kept.move_to_end(grammar)
+        self._kept[grammar] = pristine  # the newest last: the oldest go first
         while len(self._kept) > KEPT:
             self._kept.popitem(last=False)
         return Cursor(tokenizer_from_json(*self.tokenizer), grammar,
