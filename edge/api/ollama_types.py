@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 
 from acespec.edge.api.errors import ApiError, text
 from acespec.edge.api.openai_types import CompletionRequest, parse_request
-from acespec.edge.api.params import is_off, off_values
+from acespec.edge.api.params import check_off
 
 CHAT_FIELDS = frozenset({"model", "messages", "tools", "format", "options", "stream",
                          "keep_alive"})
@@ -112,10 +112,7 @@ def _check_fields(body: dict, honoured: frozenset) -> None:
                 raise ApiError(400, "'images': this server serves a text model; images are "
                                "not accepted", "images", code="unsupported_parameter")
         elif name in OFF:
-            if not is_off(value, OFF[name]):
-                raise ApiError(400, f"'{name}' is not supported by this server (accepted only "
-                               f"as {off_values(OFF[name])})", name,
-                               code="unsupported_parameter")
+            check_off(name, value, OFF[name])
         else:
             raise ApiError(400, f"'{name:.80}' is not a field this server takes (it takes "
                            f"{', '.join(sorted(honoured))})", name[:80],
@@ -144,10 +141,7 @@ def _options(options) -> tuple[dict, bool]:
         if name in OPTIONS:
             out[OPTIONS[name]] = value
         elif name in OPTIONS_OFF:
-            if not is_off(value, OPTIONS_OFF[name]):
-                raise ApiError(400, f"'{at}' is not supported by this server (accepted only "
-                               f"as {off_values(OPTIONS_OFF[name])})", at,
-                               code="unsupported_parameter")
+            check_off(at, value, OPTIONS_OFF[name])
         else:
             hint = " (the context per request is edge serve --ctx-per-request)" \
                 if name == "num_ctx" else ""

@@ -53,6 +53,14 @@ def off_values(offs: tuple) -> str:
     return " or ".join(json.dumps(v) for v in (None, *offs))
 
 
+def check_off(name: str, value, offs: tuple) -> None:
+    """ApiError 400 naming `name` (as the client spells it) unless `value` is one of the
+    values that change nothing (`offs`, or null)."""
+    if not is_off(value, offs):
+        raise ApiError(400, f"'{name}' is not supported by this server (accepted only as "
+                       f"{off_values(offs)})", name, code="unsupported_parameter")
+
+
 def check_fields(body: dict, chat: bool) -> None:
     """ApiError 400 naming the first field that is unknown here, or off-only and not off."""
     honoured = HONOURED[chat]
@@ -60,10 +68,8 @@ def check_fields(body: dict, chat: bool) -> None:
         if name in honoured:
             continue
         if name in OFF:
-            if is_off(value, OFF[name]):
-                continue
-            raise ApiError(400, f"'{name}' is not supported by this server (accepted only "
-                           f"as {off_values(OFF[name])})", name, code="unsupported_parameter")
+            check_off(name, value, OFF[name])
+            continue
         where = "/v1/chat/completions" if chat else "/v1/completions"
         raise ApiError(400, f"Unrecognized request argument supplied: '{name:.80}' (not a "
                        f"parameter of {where} on this server)", name[:80],
