@@ -19,6 +19,14 @@ CMAKE_ARGS=${CMAKE_ARGS:-$(bash scripts/llama-cmake-args.sh)}
 export CMAKE_ARGS
 
 say() { printf '\033[1m[install]\033[0m %s\n' "$*" >&2; }
+# can_apt: whether Debian packages can be installed here (root, apt-get present).
+can_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
+# apt_install PKG...: Debian packages, updating the package index once if the first try fails.
+apt_install() {
+  apt-get install -y -q --no-install-recommends "$@" >/dev/null 2>&1 || \
+    { apt-get update -q >/dev/null 2>&1 && \
+      apt-get install -y -q --no-install-recommends "$@" >/dev/null; }
+}
 
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating virtual environment $VENV"
@@ -42,21 +50,18 @@ if ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
 fi
 # nginx: the load-balancer tests run real nginx (grpc_pass). Installed when we can.
 if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  if can_apt; then
     say "installing nginx-light (Debian package) for the load-balancer tests"
-    apt-get install -y -q nginx-light >/dev/null 2>&1 || \
-      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q nginx-light >/dev/null; }
+    apt_install nginx-light
   else
     say "nginx not found and cannot install it here: the load-balancer test will be skipped"
   fi
 fi
 # systemd-analyze: the start-at-login test checks the edge's systemd unit with it.
 if ! command -v systemd-analyze >/dev/null && [ "$(uname -s)" = Linux ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  if can_apt; then
     say "installing systemd (Debian package, for systemd-analyze) for the service-unit test"
-    apt-get install -y -q --no-install-recommends systemd >/dev/null 2>&1 || \
-      { apt-get update -q >/dev/null 2>&1 && \
-        apt-get install -y -q --no-install-recommends systemd >/dev/null; }
+    apt_install systemd
   else
     say "systemd-analyze not found and cannot install it here: the unit check will be skipped"
   fi
@@ -64,7 +69,7 @@ fi
 # Prometheus: the dashboard and alert tests run Debian's prometheus and promtool. Its service
 # is not started meanwhile (a policy-rc.d refuses it while apt installs, unless one exists).
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  if can_apt; then
     say "installing prometheus (Debian package) for the dashboard and alert tests"
     policy=
     if [ ! -e /usr/sbin/policy-rc.d ]; then
@@ -72,9 +77,7 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
       policy=1
     fi
     rc=0
-    apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
-      { apt-get update -q >/dev/null 2>&1 && \
-        apt-get install -y -q --no-install-recommends prometheus >/dev/null; } || rc=$?
+    apt_install prometheus || rc=$?
     if [ -n "$policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
     [ "$rc" = 0 ] || exit "$rc"
   else
@@ -84,11 +87,9 @@ fi
 # Chromium: the chat page's tests drive Debian's chromium headless through playwright (which
 # downloads no browser of its own).
 if ! command -v chromium >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  if can_apt; then
     say "installing chromium (Debian package) for the chat page's browser tests"
-    apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
-      { apt-get update -q >/dev/null 2>&1 && \
-        apt-get install -y -q --no-install-recommends chromium >/dev/null; }
+    apt_install chromium
   else
     say "chromium not found and cannot install it here: the chat page's browser tests will be skipped"
   fi
