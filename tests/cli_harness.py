@@ -78,10 +78,22 @@ class Proc:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL (a crash, a pulled plug) if it still runs; its output goes."""
         if self.p.poll() is None:
             self.p.kill()
             self.p.wait()
         self.dir.cleanup()
+
+
+def verifier_at(port: int, *extra: str, env: dict | None = None) -> Proc:
+    """`acespec cloud serve` on a fixed port (so it can be killed and started again there),
+    once it listens."""
+    proc = Proc("cloud", "serve", "--host", "127.0.0.1", "--port", str(port), *extra, env=env)
+    proc.wait_for(r"listening on")
+    return proc
 
 
 def verifier(*extra: str) -> tuple[Proc, str]:

@@ -22,7 +22,7 @@ from acespec.edge.api.answer import stream_parts  # noqa: E402
 from acespec.edge.api.openai_types import parse_request  # noqa: E402
 from acespec.edge.shown import ShownText  # noqa: E402
 
-from cli_harness import Proc, edge_serve  # noqa: E402
+from cli_harness import edge_serve, verifier_at  # noqa: E402
 from conftest import free_port  # noqa: E402
 from process_guard import TAG  # noqa: E402
 
@@ -39,32 +39,20 @@ CHAT = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
 DONE = '.msg.assistant[data-state="done"]'
 
 
-def _cloud(port: int, env: dict | None = None) -> Proc:
-    p = Proc("cloud", "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--emulate-step-ms", STEP_MS, env=env)
-    p.wait_for(r"listening on")
-    return p
-
-
-def _kill(cloud: Proc) -> None:
-    cloud.p.kill()
-    cloud.p.wait()
-    cloud.__exit__()
-
-
 class Stack:
     """The demo verifier on a fixed port (so it can be killed and started again) and
     `edge serve` in front of it."""
 
     def __init__(self, cport: int):
-        self.cport, self.cloud, self.url = cport, _cloud(cport), ""
+        self.cport, self.url = cport, ""
+        self.cloud = verifier_at(cport, "--emulate-step-ms", STEP_MS)
         self.env = {TAG: os.environ.get(TAG, "")}  # a restarted verifier is the module's
 
     def kill(self) -> None:
-        _kill(self.cloud)
+        self.cloud.kill()
 
     def restart(self) -> None:
-        self.cloud = _cloud(self.cport, self.env)
+        self.cloud = verifier_at(self.cport, "--emulate-step-ms", STEP_MS, env=self.env)
 
     def answer(self, messages: list[dict], max_tokens: int) -> str:
         """The API's greedy answer to the conversation."""
@@ -88,7 +76,7 @@ def stack(tmp_path_factory):
             s.url = url
             yield s
     finally:
-        _kill(s.cloud)
+        s.cloud.kill()
 
 
 @pytest.fixture(scope="module")

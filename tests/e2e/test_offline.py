@@ -26,25 +26,13 @@ httpx = pytest.importorskip("httpx")
 
 from offline_client import Client, follow  # noqa: E402
 
-from cli_harness import Proc, acespec, wait_http  # noqa: E402
+from cli_harness import Proc, acespec, verifier_at, wait_http  # noqa: E402
 from conftest import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 PROMPT = "def fibonacci(n):"
 BODY = {"model": "acespec", "prompt": PROMPT, "max_tokens": 150, "ignore_eos": True,
         "temperature": 0}
-
-
-def _cloud(port: int, *extra: str) -> Proc:
-    p = Proc("cloud", "serve", "--host", "127.0.0.1", "--port", str(port), *extra)
-    p.wait_for(r"listening on")
-    return p
-
-
-def _kill(cloud: Proc) -> None:
-    cloud.p.kill()
-    cloud.p.wait()
-    cloud.__exit__()
 
 
 def _reference(cport: int) -> str:
@@ -57,20 +45,20 @@ def _reference(cport: int) -> str:
 
 def test_generate_local_keeps_answering_and_ends_on_the_verified_text():
     cport = free_port()
-    cloud = _cloud(cport, "--emulate-step-ms", "60")
+    cloud = verifier_at(cport, "--emulate-step-ms", "60")
     try:
         ref = _reference(cport)
         with Proc("edge", "generate", PROMPT, "--cloud", f"127.0.0.1:{cport}", "--offline",
                   "local", "--max-tokens", "150", "--json") as edge:
             time.sleep(1.5)  # mid-answer (150 tokens take ~4 s at 60 ms a pass)
-            _kill(cloud)
+            cloud.kill()
             edge.wait_for(r"answering locally, unverified", timeout=20)
             time.sleep(2)
-            cloud = _cloud(cport, "--emulate-step-ms", "60")
+            cloud = verifier_at(cport, "--emulate-step-ms", "60")
             assert edge.p.wait(120) == 0, edge.stderr
             out, err = json.loads(edge.stdout), edge.stderr
     finally:
-        _kill(cloud)
+        cloud.kill()
     s = out["stats"]
     assert out["text"] == ref
     assert s["outages"] == 1 and s["offline_s"] > 2
@@ -85,7 +73,7 @@ def served(request):
     edge's reconnect deadline is the test's `deadline` marker's, else 30 s."""
     marker = request.node.get_closest_marker("deadline")
     cport, eport = free_port(), free_port()
-    procs = {"cloud": _cloud(cport, "--emulate-step-ms", "60")}
+    procs = {"cloud": verifier_at(cport, "--emulate-step-ms", "60")}
     url = f"http://127.0.0.1:{eport}"
     with Proc("edge", "serve", "--cloud", f"127.0.0.1:{cport}", "--port", str(eport),
               "--reconnect-deadline", str(marker.args[0] if marker else 30)) as edge:
@@ -93,11 +81,11 @@ def served(request):
         wait_http(f"{url}/health")
 
         def restart():
-            procs["cloud"] = _cloud(cport, "--emulate-step-ms", "60")
+            procs["cloud"] = verifier_at(cport, "--emulate-step-ms", "60")
 
-        yield url, cport, restart, lambda: _kill(procs["cloud"])
+        yield url, cport, restart, lambda: procs["cloud"].kill()
         edge.stop(timeout=20)
-    _kill(procs["cloud"])
+    procs["cloud"].kill()
 
 
 def _post_local(url: str) -> tuple[threading.Thread, dict]:
