@@ -77,7 +77,7 @@ SHARING_DECAY = 0.9  # per pass: the sessions sharing the device, over the last 
 CLIENT_FORGET_S = 60.0  # a client in no pass for this long is forgotten
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     """One request in the scheduler: scored in chunks, one per pass, of at most its
     sequence's grant (acespec.cloud.verify.share) and the pass's budgets."""
@@ -138,6 +138,7 @@ class Batcher:
         self.sharing = 1.0  # sequences per pass, recently: who waits out what else the
         # device runs between passes (a co-located drafter's steps)
         self._refusing: BaseException | None = None  # fail_pending's error, for every request
+        self._running: set[Job] = set()  # the jobs of the pass in the worker thread now
 
     async def score(self, req: Request, grant: Callable[[], int] | None = None,
                     client: str = "", reduce: Callable[[torch.Tensor, int], object] | None
@@ -179,7 +180,11 @@ class Batcher:
                 continue
             t0 = time.perf_counter()
             clients = _client_nodes(plan)
-            await loop.run_in_executor(self._pool, self._run, plan, clients)
+            self._running = {job for job, _ in plan}
+            try:
+                await loop.run_in_executor(self._pool, self._run, plan, clients)
+            finally:
+                self._running = set()
             wait_s = max(GATHER_S, GATHER_SHARE * (time.perf_counter() - t0))
             back = self._settle(plan, wait_s)
             if self.on_settled:
@@ -292,12 +297,15 @@ class Batcher:
 
     def fail_pending(self, error: BaseException) -> None:
         """Fail every queued request with `error` (their sequences' KV as before them), and
-        every later one: no pass will run for them (the server is going away)."""
+        every later one: no pass will run for them (the server is going away). A request in
+        the pass running now is failed too, but its KV is the worker's until the pass ends
+        (then _settle drops its slots): the pass is planning and writing that cache."""
         self._refusing = error
         for job in list(self._jobs):
-            if job.start >= 0:
-                job.req.cache.truncate(job.start)
-            self._jobs.remove(job)
+            if job not in self._running:
+                if job.start >= 0:
+                    job.req.cache.truncate(job.start)
+                self._jobs.remove(job)
             _resolve(job.fut, error)
 
     def _on_done(self, fut: asyncio.Future) -> None:
@@ -307,9 +315,14 @@ class Batcher:
     def _drop_cancelled(self) -> None:
         """Forget requests whose caller gave up, with any chunks of them already in the KV."""
         for job in [j for j in self._jobs if j.fut.done()]:
+            self._drop(job)
+
+    def _drop(self, job: Job) -> None:
+        """Forget a request whose future is settled without its result, with its KV."""
+        if job in self._jobs:
             self._jobs.remove(job)
-            if job.start >= 0 and job.left:
-                job.req.cache.truncate(job.start)
+        if job.start >= 0:
+            job.req.cache.truncate(job.start)
 
     def _settle(self, plan: list[tuple[Job, Request | BaseException]], wait_s: float
                 ) -> set[KVCache]:
@@ -319,7 +332,9 @@ class Batcher:
         for job, out in plan:
             if not job.prefill:
                 self._recent[job.key] = now
-            if isinstance(out, BaseException):
+            if job.fut.done():  # given up or failed (fail_pending) during the pass
+                self._drop(job)
+            elif isinstance(out, BaseException):
                 if job.start >= 0:
                     job.req.cache.truncate(job.start)  # its earlier chunks too
                 self._finish(job, out)

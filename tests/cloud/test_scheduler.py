@@ -13,6 +13,7 @@ from prometheus_client import generate_latest
 torch = pytest.importorskip("torch")
 
 from acespec.cloud.serving.metrics import Metrics  # noqa: E402
+from acespec.cloud.errors import Unavailable  # noqa: E402
 from acespec.cloud.target.model import Request  # noqa: E402
 from acespec.cloud.verify.batcher import (  # noqa: E402
     PREFILL_ALONE_S,
@@ -272,6 +273,40 @@ def test_a_failed_chunk_takes_back_every_chunk_of_its_request(tiny_pair):
 
     before, after, ok = run(go())
     assert after == before and ok.shape[0] == 1
+
+
+def test_a_shutdown_fails_the_running_pass_without_touching_its_caches(tiny_pair):
+    """fail_pending while a pass runs (the verifier's drain ending): every request fails
+    with the error at once, but the KV of the requests in that pass stays the worker's
+    (it is planning and writing them) until the pass ends; then each is as before."""
+    _, model, _ = tiny_pair
+
+    async def go():
+        b = Batcher(model, emulation=StepEmulation(300.0))  # a pass lasts 0.3 s
+        caches = [model.new_cache() for _ in range(3)]
+        for c in caches:
+            c.plan(None, 4)  # a prompt's slots, as if prefilled
+        tasks = [asyncio.create_task(b.score(Request([5, 6], c))) for c in caches]
+        await asyncio.sleep(0.01)
+        while b.waiting:  # until the pass holding all three has started
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # well inside it
+        b.fail_pending(Unavailable("going away"))
+        during = [c.length for c in caches]
+        errors = await asyncio.gather(*tasks, return_exceptions=True)
+        while b.passes == 0:  # the pass ends
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        after = [c.length for c in caches]
+        with pytest.raises(Unavailable):
+            await b.score(Request([7], caches[0]))
+        await b.close()
+        return during, errors, after
+
+    during, errors, after = run(go())
+    assert all(isinstance(e, Unavailable) for e in errors), errors
+    assert during == [6, 6, 6], "the running pass's caches were truncated under it"
+    assert after == [4, 4, 4]
 
 
 def test_share_metrics_are_per_client_and_go_with_its_last_session():
