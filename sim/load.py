@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -419,10 +420,19 @@ class SessionSampler:
 
 # -- one edge process: its clients as tasks -------------------------------------------------
 
+def device_pool(clients: int) -> ThreadPoolExecutor:
+    """The edge process's worker threads: each client's emulated drafter step is waited out
+    in the thread that drafts for it (LlamaDrafterConfig.emulate_apart), so each client
+    needs threads of its own for its device to run at the stated step (asyncio's default
+    pool has min(32, cores + 4): on two cores, 16 clients would share 6 devices)."""
+    return ThreadPoolExecutor(max_workers=2 * clients + 4, thread_name_prefix="device")
+
+
 async def _clients(job: dict) -> None:
 
 
     clients, mode = job["clients"], job["mode"]
+    asyncio.get_running_loop().set_default_executor(device_pool(len(clients)))
     seqs = 1 + len(clients) * (1 + GROW_SEQS)
     draft_ms, per_token_ms = job["emulate_draft"]
     drafter = LlamaDrafter(job["drafter"], LlamaDrafterConfig(
