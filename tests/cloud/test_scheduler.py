@@ -12,8 +12,8 @@ from prometheus_client import generate_latest
 
 torch = pytest.importorskip("torch")
 
-from acespec.cloud.serving.metrics import Metrics  # noqa: E402
 from acespec.cloud.errors import Unavailable  # noqa: E402
+from acespec.cloud.serving.metrics import Metrics  # noqa: E402
 from acespec.cloud.target.model import Request  # noqa: E402
 from acespec.cloud.verify.batcher import (  # noqa: E402
     PREFILL_ALONE_S,
