@@ -192,13 +192,30 @@ class Meter:
     def __init__(self, host: str = "", port: int = 0, engine=None):
         self.url, self.engine = f"http://{host}:{port}/metrics", engine
 
+    def _samples(self) -> list:
+        """Every sample of the verifier's metrics, from one scrape (or its registry)."""
+        if self.engine is not None:
+            families = self.engine.metrics.registry.collect() if self.engine.metrics else []
+        else:
+            with urlopen(self.url, timeout=5) as r:
+                families = text_string_to_metric_families(r.read().decode())
+        return [x for f in families for x in f.samples]
+
     def _counter(self, *names: str) -> float | tuple[float, ...]:
         """The named samples' sums, from one scrape (so that counters read together agree)."""
-        with urlopen(self.url, timeout=5) as r:
-            text = r.read().decode()
-        samples = [x for f in text_string_to_metric_families(text) for x in f.samples]
+        samples = self._samples()
         sums = tuple(sum(x.value for x in samples if x.name == n) for n in names)
         return sums[0] if len(names) == 1 else sums
+
+    def grows(self) -> tuple[float, float]:
+        """(the edges' Grow messages applied so far, those that reached past the decided
+        end: acespec_edge_grow_reach above 0)."""
+        name = "acespec_edge_grow_reach"
+        samples = self._samples()
+        count = sum(x.value for x in samples if x.name == name + "_count")
+        behind = sum(x.value for x in samples if x.name == name + "_bucket"
+                     and float(x.labels["le"]) == 0)
+        return count, count - behind
 
     def busy(self) -> float:
         """Seconds the verifier was busy so far: its passes and its drafting."""

@@ -168,7 +168,8 @@ class CpuMeter:
 
 def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: float,
           nodes: float, passes: tuple[float, float] = (0.0, 0.0),
-          live_sessions: float | None = None, cpu_busy: float | None = None) -> dict:
+          live_sessions: float | None = None, cpu_busy: float | None = None,
+          grows: tuple[float, float] = (0.0, 0.0)) -> dict:
     """One (mode, N) row from its per-request records {client, tokens, seconds, ttft_s,
     lone_tokens (decided with no edge draft: the first token and the lone passes')}.
     passes: the verifier's passes in the run and the requests they held (summed).
@@ -177,7 +178,9 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     drafts that reached a pass before their positions were decided (from the records'
     drafts_received and drafts_scored; None where the edges sent none). live_sessions: the sessions open at the
     verifier, on average over the point; cpu_busy: the machine's busy fraction over it (a
-    row above CPU_BOUND is cpu_bound: it measured the testbed's CPU, not the device)."""
+    row above CPU_BOUND is cpu_bound: it measured the testbed's CPU, not the device).
+    grows: the edges' Grow messages the verifier applied, and those that reached past its
+    decided end (edge_grows_ahead: their share; None where the edges sent none)."""
     per_client = {}
     for r in records:
         tok, sec = per_client.get(r["client"], (0, 0.0))
@@ -199,7 +202,9 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
             "passes_per_s": round(passes[0] / wall_s, 2) if wall_s > 0 else None,
             "requests_per_pass": round(passes[1] / passes[0], 2) if passes[0] else None,
             "live_sessions": None if live_sessions is None else round(live_sessions, 2),
-            "edge_pass_tokens": edge, "edge_drafts_scored": scored, "cpu_busy": cpu_busy,
+            "edge_pass_tokens": edge, "edge_drafts_scored": scored,
+            "edge_grows_ahead": round(grows[1] / grows[0], 3) if grows[0] else None,
+            "cpu_busy": cpu_busy,
             "cpu_bound": cpu_busy is not None and cpu_busy > CPU_BOUND,
             "tokens": tokens, "requests": len(records)}
 
@@ -270,7 +275,7 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
 KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
         "ttft_p90_s", "aggregate_tok_s", "verifier_busy", "verifier_s_per_1k_tokens",
         "nodes_per_token", "passes_per_s", "requests_per_pass", "live_sessions",
-        "edge_pass_tokens", "edge_drafts_scored", "cpu_busy")
+        "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead", "cpu_busy")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
                   "aggregate_tok_s", "verifier_busy", "nodes_per_token")
 
@@ -374,6 +379,7 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
     while time.time() < start_at:
         time.sleep(0.01)
     busy0, nodes0, passes0, t0 = meter.busy(), meter.nodes(), meter.passes(), time.perf_counter()
+    grows0 = meter.grows()
     cpu, live = CpuMeter(), SessionSampler(meter)
     records = []
     try:
@@ -388,8 +394,9 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
     cpu_busy = cpu.busy()
     wall = max((r["end"] for r in records), default=start_at) - start_at
     passes = tuple(b - a for a, b in zip(passes0, meter.passes()))
+    grows = tuple(b - a for a, b in zip(grows0, meter.grows()))
     row = point(mode, n, records, wall or time.perf_counter() - t0, meter.busy() - busy0,
-                meter.nodes() - nodes0, passes, live.mean(), cpu_busy)
+                meter.nodes() - nodes0, passes, live.mean(), cpu_busy, grows)
     return undilate(row, cfg.dilate)
 
 

@@ -180,13 +180,12 @@ class DecidedStreams:
             msg.counts.CopyFrom(encode_counts(session.counts, time.perf_counter()))
         return msg
 
-    @staticmethod
-    def _apply_uplink(session: DecidedSession, inbox: asyncio.Queue) -> bool:
+    def _apply_uplink(self, session: DecidedSession, inbox: asyncio.Queue) -> bool:
         """Apply queued uplink messages of a decided session, about the limits'
         applied_per_pass nodes per pass (what is left waits for the next one: a session that
         floods its uplink gets no more of the event loop per pass than one that does not);
-        True at the edge's EOF."""
-        budget = session.limits.applied_per_pass
+        True at the edge's EOF. Each Grow's reach past the decided end goes to the metrics."""
+        budget, metrics = session.limits.applied_per_pass, self.engine.metrics
         while not inbox.empty() and budget > 0:
             item = inbox.get_nowait()
             msg, arrived = item if isinstance(item, tuple) else (item, None)
@@ -200,6 +199,8 @@ class DecidedStreams:
                 raise FailedPrecondition(f"{kind or 'empty message'} in a session the verifier "
                                          "decides: send Grow")
             g = decode_grow(msg.grow, session.next_id)
-            session.apply_grow(g.anchor, g.parents, g.tokens)
+            reach = session.apply_grow(g.anchor, g.parents, g.tokens)
+            if metrics:
+                metrics.on_grow(reach)
             budget -= len(g.tokens)
         return False

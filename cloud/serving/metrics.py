@@ -39,6 +39,7 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 
                 0.5, 0.75, 1.0, 2.5, 5.0)
 LATENCY_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                    60.0, 120.0, 240.0, 480.0, 960.0)
+REACH_BUCKETS = (-32, -16, -8, -4, -2, -1, 0, 1, 2, 4, 8, 16, 32)  # positions past the end
 WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                 5.0, 10.0)
 
@@ -71,6 +72,7 @@ class Metrics:
     queue_wait: object
     sessions_waiting: object
     draft_tokens: object
+    grow_reach: object
     kv_blocks_used: object
     kv_blocks_allocated: object
     kv_blocks_capacity: object
@@ -139,6 +141,11 @@ class Metrics:
                                  buckets=WAIT_BUCKETS, registry=r),
             sessions_waiting=Gauge("acespec_sessions_waiting", "Sequences with a request "
                                    "queued that no pass has started", registry=r),
+            grow_reach=Histogram("acespec_edge_grow_reach", "How many positions past the "
+                                 "decided end an edge's Grow message reaches when the "
+                                 "verifier applies it (<= 0: every position it drafts was "
+                                 "decided before it arrived)", registry=r,
+                                 buckets=REACH_BUCKETS),
             draft_tokens=Counter("acespec_draft_tokens", "Speculated tokens scored and "
                                  "accepted, by source: edge (the edge's drafts; in "
                                  "edge-decided sessions, nodes scored and committed), "
@@ -230,6 +237,10 @@ class Metrics:
             self.draft_tokens.labels(source, "accepted").inc(accepted)
         if gap_s:
             self.gap_seconds.inc(gap_s)
+
+    def on_grow(self, reach: int) -> None:
+        """An edge's Grow applied: how far past the decided end it reached."""
+        self.grow_reach.observe(reach)
 
     def on_edge_drafts(self, scored: int, accepted: int) -> None:
         """The edge's drafts a pass scored, and those a walk or a commit took."""

@@ -138,18 +138,24 @@ class DecidedSession:
 
     # -- uplink -----------------------------------------------------------------
 
-    def apply_grow(self, anchor: int, parents: Sequence[int], tokens: Sequence[int]) -> None:
+    def apply_grow(self, anchor: int, parents: Sequence[int], tokens: Sequence[int]) -> int:
         """New nodes next_id.. with these parents (node ids, or ROOT = the decided text up
-        to `anchor`). Raises InvalidArgument for a node that cannot be true."""
+        to `anchor`). Raises InvalidArgument for a node that cannot be true. Returns the
+        message's reach: how many positions past the decided end its deepest node kept goes
+        (<= 0: every position it drafts was decided before it arrived; with none kept, the
+        anchor's distance behind the end)."""
         if ROOT in parents:
             self._check_base(anchor, "Grow.anchor")
         self._check_vocab(tokens, "Grow.tokens")
         if len(self.live) + len(tokens) > 8 * self.limits.pass_nodes:
             raise ResourceExhausted(f"Grow: {len(self.live) + len(tokens)} pending nodes would "
                                     f"exceed {8 * self.limits.pass_nodes}; wait for Decided")
+        deepest = anchor - 1
         for t, p in zip(tokens, parents):
-            self._add(int(t), int(p), anchor)
+            if (node := self.nodes.get(self._add(int(t), int(p), anchor))) is not None:
+                deepest = max(deepest, node.position)
         self._forget()
+        return deepest + 1 - self.end
 
     def _check_base(self, base: int, what: str) -> None:
         if not self.prompt_len <= base <= self.end:

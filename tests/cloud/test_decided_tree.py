@@ -75,6 +75,21 @@ def test_dead_subtrees_are_never_scored():
     assert s.counts.dead_skipped() == 3
 
 
+def test_a_grows_reach_is_how_far_past_the_decided_end_it_drafts():
+    """Anchored at the end, three drafts reach 3; after a pass decided past them, a line
+    of two more at the old anchor reaches only what is not decided yet (or is behind)."""
+    s = session()
+    want = truth([1, 2, 3], 12)
+    assert s.apply_grow(3, [ROOT, 0, 1], want[:3]) == 3
+    run_pass(s)  # decides the three and a bonus: the end is 3 + 4
+    assert s.end == 7
+    assert s.apply_grow(3, [2, 3], want[3:5]) == 5 + 3 - 7  # positions 6 and 7: one past
+    assert s.apply_grow(3, [ROOT], [want[0]]) == 3 + 1 - 7  # all behind: -3
+    dead = s.next_id
+    assert s.apply_grow(3, [ROOT], [(want[0] + 1) % V]) == 3 + 1 - 7  # dead, kept: the same
+    assert s.apply_grow(3, [dead], [want[1]]) == 3 - 7  # below it, none kept: the anchor's
+
+
 def test_impossible_grow_claims_are_invalid_arguments():
     s = session()
     with pytest.raises(InvalidArgument, match="builds on"):

@@ -119,6 +119,11 @@ def test_each_kind_of_call_is_timed_and_its_drafts_counted(target):
         counts["proposed"]
     assert value(page, "acespec_draft_tokens_total", source="lookup", fate="accepted") == \
         counts["proposed_accepted"]
+    # Its one Grow, five drafts past the first decided token, reached at most 5 past the
+    # verifier's decided end when applied (less by what the verifier decided meanwhile).
+    assert value(page, "acespec_edge_grow_reach_count") == 1
+    assert value(page, "acespec_edge_grow_reach_bucket", le="8.0") == 1
+    assert value(page, "acespec_edge_grow_reach_bucket", le="-16.0") == 0
     # The KV pool: blocks back in the pool once the sessions ended, within what the
     # machine's memory can hold.
     used, allocated = value(page, "acespec_kv_blocks_used"), \

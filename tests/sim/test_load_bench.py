@@ -53,6 +53,9 @@ def test_a_point_summarises_its_clients():
         r["drafts_received"], r["drafts_scored"] = 10, i % 2  # 5 of 110 in time
     assert point("acespec", 10, recs, 40.0, 30.0, 1408)["edge_drafts_scored"] == \
         round(5 / 110, 3)
+    assert row["edge_grows_ahead"] is None  # no Grow messages
+    assert point("acespec", 10, recs, 40.0, 30.0, 1408,
+                 grows=(400.0, 12.0))["edge_grows_ahead"] == 0.03
 
 
 def test_goodput_is_the_most_clients_whose_p10_meets_the_slo():
@@ -202,6 +205,9 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
     assert 0 <= rows["acespec", 1]["edge_pass_tokens"] <= 1
     assert "edge_drafts_scored" in rows["acespec", 1]
     assert rows["colo", 2]["edge_drafts_scored"] is None  # its edges draft nothing
+    ahead = [rows["acespec", n]["edge_grows_ahead"] for n in (1, 2)]  # from its /metrics
+    assert all(a is None or 0 <= a <= 1 for a in ahead)  # None: the Grows came after the end
+    assert rows["colo", 2]["edge_grows_ahead"] is None
     assert set(result["goodput"]) == {"ar", "acespec", "acespec-gap", "colo"}
     assert result["slo"]["per_client_tok_s"] == pytest.approx(
         1.3 * rows["ar", 1]["per_client_tok_s_p50"], rel=0.01)
