@@ -197,10 +197,11 @@ class Batcher:
 
     async def _gather(self, back: set[KVCache], wait_s: float) -> None:
         """Wait until the sequences in `back` have queued again, while requests keep
-        arriving (each within GATHER_S of the last), for wait_s at most."""
+        arriving (each within GATHER_S of the last), for wait_s at most. A sequence forgotten
+        meanwhile (its session done) is not waited for."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
-        while back - {j.key for j in self._jobs}:
+        while {k for k in back if k in self._gap} - {j.key for j in self._jobs}:
             left = deadline - loop.time()
             if left <= 0:
                 return

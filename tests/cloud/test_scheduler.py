@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 
 import pytest
 from prometheus_client import generate_latest
@@ -15,6 +16,7 @@ torch = pytest.importorskip("torch")
 from acespec.cloud.errors import Unavailable  # noqa: E402
 from acespec.cloud.serving.metrics import Metrics  # noqa: E402
 from acespec.cloud.target.model import Request  # noqa: E402
+from acespec.cloud.verify import batcher as batcher_module  # noqa: E402
 from acespec.cloud.verify.batcher import (  # noqa: E402
     PREFILL_ALONE_S,
     PREFILL_MIN,
@@ -199,6 +201,41 @@ def test_a_busy_verifier_puts_every_session_in_every_pass(tiny_pair):
     decode = [s.sessions for s in run(go()) if not s.prefill]
     assert sum(decode) == n * passes
     assert sum(decode) / len(decode) >= 0.9 * n, decode
+
+
+def test_a_pass_does_not_wait_for_a_session_that_is_done(tiny_pair, monkeypatch):
+    """After a pass the next one waits for the sessions that come straight back, but not
+    for one forgotten meanwhile (done): with a 2 s gather window, the session that goes on
+    gets its next passes at once."""
+    _, model, _ = tiny_pair
+    monkeypatch.setattr(batcher_module, "GATHER_S", 2.0)
+
+    async def go(forget: bool) -> float:
+        b = Batcher(model)
+        done, going = model.new_cache(), model.new_cache()
+
+        async def finishing():
+            await b.score(Request([1, 2, 3], done, None, last_only=True))
+            for _ in range(3):
+                await b.score(Request([5], done))
+            if forget:
+                b.forget(done)  # as the engine does when the session is done
+
+        async def going_on() -> float:
+            await b.score(Request([1, 2, 3], going, None, last_only=True))
+            for _ in range(3):
+                await b.score(Request([5], going))
+            t0 = time.perf_counter()
+            for _ in range(3):
+                await b.score(Request([5], going))
+            return time.perf_counter() - t0
+
+        _, after = await asyncio.gather(finishing(), going_on())
+        await b.close()
+        return after
+
+    assert run(go(forget=False)) > 1.5  # not forgotten: the window is waited out once
+    assert run(go(forget=True)) < 1.0
 
 
 def test_a_tree_request_scored_by_its_grant_equals_it_scored_whole(tiny_pair):
