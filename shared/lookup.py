@@ -4,6 +4,7 @@ drafter and the verifier's own proposals for passes no draft covers both use it.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,23 +22,26 @@ def lookup_order(tokens: Sequence[int] | np.ndarray, k: int, min_n: int = 1, max
                  window: int = 4096) -> tuple[list[int], int]:
     """`lookup`'s tokens and the n of the n-gram they follow (0 when none occurs): a longer
     match is likelier to go on."""
-    arr = np.asarray(tokens[-window:], dtype=np.int64)  # slice first: a session's list is long
-    last = len(arr) - 1
-    n_max = min(max_n, last)
-    if n_max < max(min_n, 1):
-        return [], 0
-    # Ends e (< last) of earlier occurrences of the final token, then how far back each goes
-    # on matching the text's tail: one pass over the text, then only over those candidates.
-    ends = np.flatnonzero(arr[:-1] == arr[-1])
-    length = np.ones(len(ends), np.int64)  # matched tail tokens at each end, up to n_max
-    alive = np.ones(len(ends), bool)
-    for j in range(1, n_max):
-        alive &= ends >= j
-        alive[alive] = arr[ends[alive] - j] == arr[last - j]
-        length += alive
-    for n in range(n_max, min_n - 1, -1):
-        hits = ends[length >= n]
-        if len(hits):
-            start = int(hits[-1]) + 1  # the latest occurrence: what followed it
-            return arr[start:start + k].tolist(), n
+    tail = tokens[-window:]  # slice first: a session's list is long
+    text = np.asarray(tail, dtype=_WORD) if isinstance(tail, np.ndarray) \
+        else array(_WORD_CODE, tail)
+    buf = memoryview(text).cast("B").tobytes()  # the text as bytes: C's substring search
+    last = len(text) - 1
+    for n in range(min(max_n, last), max(min_n, 1) - 1, -1):
+        start = _latest(buf, buf[(last + 1 - n) * _W:], last * _W)
+        if start >= 0:  # the latest earlier occurrence: what followed it
+            follow = start // _W + n
+            return [int(t) for t in text[follow:follow + k]], n
     return [], 0
+
+
+_WORD, _WORD_CODE = np.int64, "q"  # token ids as 8-byte words
+_W = 8
+
+
+def _latest(buf: bytes, pattern: bytes, end: int) -> int:
+    """The byte offset of the latest whole-word occurrence of `pattern` in buf[:end], or -1
+    (a match across word boundaries is skipped)."""
+    while (at := buf.rfind(pattern, 0, end)) >= 0 and at % _W:
+        end = at + len(pattern) - 1
+    return at

@@ -99,10 +99,10 @@ def _top_k(logits: np.ndarray, k: int) -> np.ndarray:
 
 def served(logits: np.ndarray, params: ServeParams) -> ServedDist:
     """p~ for one node from its logits [V] (any float dtype)."""
-    logits = np.asarray(logits, dtype=np.float64)
     s = params.sampling
-    if s.greedy:
-        return ServedDist(ids=np.array([int(logits.argmax())]), units=np.array([UNITS]))
+    if s.greedy:  # the argmax, in the logits' own dtype (widening keeps order and ties)
+        return ServedDist(ids=np.array([int(np.argmax(logits))]), units=np.array([UNITS]))
+    logits = np.asarray(logits, dtype=np.float64)
     k = min(params.k, len(logits))
     top = _top_k(logits, k)
     top = top[np.lexsort((top, -logits[top]))]  # descending logit, lower id on ties

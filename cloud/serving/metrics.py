@@ -78,6 +78,7 @@ class Metrics:
     kv_blocks_capacity: object
     tp_ranks: object
     _counted: dict = field(default_factory=dict)  # session id -> (accepted, wasted) counted
+    _children: dict = field(default_factory=dict)  # (metric id, labels) -> its series
 
     @classmethod
     def create(cls) -> Metrics:
@@ -198,15 +199,27 @@ class Metrics:
         self.kv_blocks_capacity.set_function(lambda: pool.n_blocks + _free_bytes(pool.k[0])
                                              // _block_bytes(pool))
 
+    def _of(self, metric, *labels: str):
+        """A series of a labelled metric whose series are never removed, kept: labels()
+        hashes and locks on each call, and the hot path counts several per session a pass."""
+        key = (id(metric), labels)
+        if (child := self._children.get(key)) is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def on_message(self, direction: str, nbytes: int) -> None:
+        """A message's serialized bytes, "up" or "down"."""
+        self._of(self.message_bytes, direction).inc(nbytes)
+
     def on_draft(self, seconds: float) -> None:
-        self.busy_seconds.labels("draft").inc(seconds)
+        self._of(self.busy_seconds, "draft").inc(seconds)
 
     def on_share(self, session_id: str, share) -> None:
         """A session's share after its pass (acespec.cloud.verify.share.Share)."""
         accepted, wasted = share.total_accepted, share.wasted
         seen_a, seen_w = self._counted.get(session_id, (0, 0))
-        self.speculative_nodes.labels("accepted").inc(max(0, accepted - seen_a))
-        self.speculative_nodes.labels("wasted").inc(max(0, wasted - seen_w))
+        self._of(self.speculative_nodes, "accepted").inc(max(0, accepted - seen_a))
+        self._of(self.speculative_nodes, "wasted").inc(max(0, wasted - seen_w))
         self._counted[session_id] = (accepted, wasted)
 
     def drop_share(self, session_id: str) -> None:
@@ -231,10 +244,10 @@ class Metrics:
     def on_proposals(self, source: str, scored: int, accepted: int, gap_s: float) -> None:
         """One pass's own proposals (acespec.cloud.verify.decided): what was scored and taken."""
         if scored:
-            self.proposals.labels(source, "scored").inc(scored)
-            self.proposals.labels(source, "accepted").inc(accepted)
-            self.draft_tokens.labels(source, "scored").inc(scored)
-            self.draft_tokens.labels(source, "accepted").inc(accepted)
+            self._of(self.proposals, source, "scored").inc(scored)
+            self._of(self.proposals, source, "accepted").inc(accepted)
+            self._of(self.draft_tokens, source, "scored").inc(scored)
+            self._of(self.draft_tokens, source, "accepted").inc(accepted)
         if gap_s:
             self.gap_seconds.inc(gap_s)
 
@@ -244,12 +257,12 @@ class Metrics:
 
     def on_edge_drafts(self, scored: int, accepted: int) -> None:
         """The edge's drafts a pass scored, and those a walk or a commit took."""
-        self.draft_tokens.labels("edge", "scored").inc(max(0, scored))
-        self.draft_tokens.labels("edge", "accepted").inc(max(0, accepted))
+        self._of(self.draft_tokens, "edge", "scored").inc(max(0, scored))
+        self._of(self.draft_tokens, "edge", "accepted").inc(max(0, accepted))
 
     def on_pass(self, stats) -> None:
         self.passes.inc()
-        self.busy_seconds.labels("pass").inc(stats.seconds)
+        self._of(self.busy_seconds, "pass").inc(stats.seconds)
         self.nodes_scored.inc(stats.nodes)
         self.batch_nodes.observe(stats.nodes)
         self.batch_sessions.observe(stats.sessions)

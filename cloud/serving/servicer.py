@@ -139,7 +139,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
 
     def _count(self, direction: str, msg) -> None:
         if self.engine.metrics:
-            self.engine.metrics.message_bytes.labels(direction).inc(msg.ByteSize())
+            self.engine.metrics.on_message(direction, msg.ByteSize())
 
     async def _read(self, context):
         """The next uplink message. A session is idle when nothing crossed the stream either

@@ -166,9 +166,9 @@ class Depth:
         decides the most tokens per second of the pass (worth_depth). One in EXPLORE lone
         passes of an order found not worth any still scores one, so its rate can recover
         when the text changes."""
-        rates = [self.rate(order, i) for i in range(min(room, self.max_depth))]
+        o, n = min(order, ORDERS - 1), min(room, self.max_depth)
+        rates = (self.taken[o, :n] / self.tried[o, :n]).tolist()
         d = worth_depth(rates, self.cost.seconds, fed, extra_s, *base)
-        o = min(order, ORDERS - 1)
         if d or not room:
             self.skipped[o] = 0
         elif (skipped := self.skipped[o] + 1) >= EXPLORE:
