@@ -82,7 +82,7 @@ def _add_load(cmds) -> None:
                    help="generations per client at each count (default: %(default)s)")
     g.add_argument("--per-process", type=number(int, 1, 32), default=16,
                    help="clients per edge process (default: %(default)s)")
-    g.add_argument("--edge-nice", type=number(int, 0, 19), default=10,
+    g.add_argument("--edge-nice", type=number(int, 0, 19), default=19,
                    help="the edge processes' niceness, so that they take the CPU the "
                    "verifier leaves, as edges on their users' own devices would not slow it "
                    "(0: same priority) (default: %(default)s)")

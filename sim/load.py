@@ -75,7 +75,7 @@ class LoadConfig:
     max_tokens: int = 64
     temperature: float = 0.0
     per_process: int = 16  # clients per edge process
-    edge_nice: int = 10  # the edge processes' niceness: they take the CPU the verifier leaves
+    edge_nice: int = 19  # the edge processes' niceness: they take the CPU the verifier leaves
     slo_speedup: float = SLO_SPEEDUP
     slo_ttft_s: float = SLO_TTFT_S
     slo_tok_s: float | None = None  # per-client tokens/s; None: slo_speedup x ar's 1-client

@@ -130,13 +130,17 @@ class DecidedStreams:
 
     async def _pass_while_sending(self, session: DecidedSession, send, pending
                                   ) -> tuple[int, list[int]]:
-        """The session's next pass, queued before the last pass's Decided is written: a
-        write waits for the event loop and the client's flow control, and a session that
-        waited for it would come back too late for the pass after the one it was in (with
-        many sessions, half of them would then take every other pass)."""
+        """The session's next pass, queued before the last pass's Decided is written, and
+        written once that pass has started (or the step ended first): a write waits for the
+        event loop and the client's flow control, and a session that waited for it would
+        come back too late for the pass after the one it was in (with many sessions, half
+        of them would then take every other pass); written during the pass, it is not part
+        of the turnaround between passes that leaves the device idle."""
         step = asyncio.ensure_future(self.engine.decided_pass(session))
         try:
             if pending is not None:
+                await asyncio.wait((step, self.engine.batcher.next_start()),
+                                   return_when=asyncio.FIRST_COMPLETED)
                 await send(pending)
             return await step
         except BaseException:

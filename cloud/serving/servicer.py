@@ -176,7 +176,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self._count("down", msg)
         self._last_io[id(context)] = time.monotonic()
         try:
-            await asyncio.wait_for(context.write(msg), self.write_timeout_s)
+            await _within(context.write(msg), self.write_timeout_s)
         except asyncio.TimeoutError:
             raise DeadlineExceeded(f"the client read nothing for {self.write_timeout_s:g} s "
                                    "while the downlink was full (--write-timeout); the call "
@@ -377,3 +377,13 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             await self._fail(context, e, "Generate")
         finally:
             self._last_io.pop(id(context), None)
+
+
+async def _within(aw, seconds: float):
+    """await aw for at most `seconds` (asyncio.TimeoutError past them): with
+    asyncio.timeout where there is one (Python 3.11), which wraps no task around it, as
+    wait_for does on each of the verifier's writes."""
+    if hasattr(asyncio, "timeout"):
+        async with asyncio.timeout(seconds):
+            return await aw
+    return await asyncio.wait_for(aw, seconds)

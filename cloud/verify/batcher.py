@@ -123,7 +123,10 @@ class Batcher:
         self.cost = PassCost()  # seconds per pass by its nodes, measured here
         self._jobs: list[Job] = []
         self._wake = asyncio.Event()
-        self._arrived = asyncio.Event()  # a request came in (for the gather after a pass)
+        self._awaited: set[KVCache] = set()  # the sequences the gather after a pass awaits
+        self._back = asyncio.Event()  # ... all of them have queued again (or are forgotten)
+        self._arrivals = 0  # requests queued so far (the gather sees whether any still come)
+        self._started: asyncio.Future | None = None  # resolved when the next pass starts
         # Per sequence (weakly: a closed session's cache is gone with it): when its last
         # result went out, its typical gap until its next request, when it last decoded.
         self._resolved: WeakKeyDictionary[KVCache, float] = WeakKeyDictionary()
@@ -161,14 +164,31 @@ class Batcher:
             gap = time.perf_counter() - done
             self._gap[job.key] = GAP_DECAY * self._gap.get(job.key, gap) + (1 - GAP_DECAY) * gap
         self._wake.set()
-        self._arrived.set()
+        self._arrivals += 1
+        self._came(job.key)
         return await job.fut
+
+    def _came(self, key: KVCache) -> None:
+        """A sequence the gather awaits has queued again or is forgotten."""
+        if key in self._awaited:
+            self._awaited.discard(key)
+            if not self._awaited:
+                self._back.set()
+
+    def next_start(self) -> asyncio.Future:
+        """A future resolved when the next pass starts: what waits for the device's
+        next pass (a session's write of the last one's result) waits on it, so it does not
+        run in the verifier's turnaround between passes."""
+        if self._started is None or self._started.done():
+            self._started = asyncio.get_running_loop().create_future()
+        return self._started
 
     def forget(self, key: KVCache) -> None:
         """A sequence that will not be scored again (its session done or closed): a prompt's
         prefill no longer yields to it, nor a pass waits for it to come back."""
         for times in (self._recent, self._resolved, self._gap):
             times.pop(key, None)
+        self._came(key)
 
     async def _worker(self) -> None:
         loop = asyncio.get_running_loop()
@@ -181,6 +201,8 @@ class Batcher:
             t0 = time.perf_counter()
             clients = _client_nodes(plan)
             self._running = {job for job, _ in plan}
+            if self._started is not None and not self._started.done():
+                self._started.set_result(None)
             try:
                 await loop.run_in_executor(self._pool, self._run, plan, clients)
             finally:
@@ -197,19 +219,26 @@ class Batcher:
 
     async def _gather(self, back: set[KVCache], wait_s: float) -> None:
         """Wait until the sequences in `back` have queued again, while requests keep
-        arriving (each within GATHER_S of the last), for wait_s at most. A sequence forgotten
-        meanwhile (its session done) is not waited for."""
+        arriving (at least one every GATHER_S), for wait_s at most. A sequence forgotten
+        meanwhile (its session done) is not waited for. Woken only by the last of them or
+        a quiet GATHER_S, not by each: the turnaround of many sessions is the device's idle
+        time."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
-        while {k for k in back if k in self._gap} - {j.key for j in self._jobs}:
-            left = deadline - loop.time()
-            if left <= 0:
-                return
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), min(left, GATHER_S))
-            except TimeoutError:  # none came for GATHER_S: the rest are not coming soon
-                return
+        self._awaited = {k for k in back if k in self._gap} - {j.key for j in self._jobs}
+        self._back.clear()
+        try:
+            while self._awaited:
+                left, seen = deadline - loop.time(), self._arrivals
+                if left <= 0:
+                    return
+                try:
+                    await asyncio.wait_for(self._back.wait(), min(left, GATHER_S))
+                except TimeoutError:
+                    if self._arrivals == seen:  # none came for GATHER_S: the rest are not
+                        return  # coming soon
+        finally:
+            self._awaited = set()
 
     def _plan(self) -> list[tuple[Job, Request]]:
         """The next pass: (job, chunk) per queued sequence, in arrival order."""

@@ -14,6 +14,7 @@ from conftest import plain_greedy
 torch = pytest.importorskip("torch")
 
 from acespec.cloud.serving.server import ServerConfig  # noqa: E402
+from acespec.cloud.serving.servicer import VerifierServicer  # noqa: E402
 from acespec.cloud.verify.batcher import StepEmulation  # noqa: E402
 from acespec.edge.client import CloudSession, generate  # noqa: E402
 from acespec.proto import PROTOCOL_VERSION  # noqa: E402
@@ -229,6 +230,37 @@ def test_extends_queued_while_busy_share_one_forward_pass(target):
     for x, y in zip(pipelined, apart):
         assert x.node_id == y.node_id and np.array_equal(x.units, y.units)
         assert x.self_units == y.self_units and np.array_equal(x.tail_ids, y.tail_ids)
+
+
+def test_a_decided_session_writes_each_pass_while_its_next_pass_runs(target, monkeypatch):
+    """The verifier queues a decided session's next pass, then writes the last one's
+    Decided once that pass has started: the write is not part of the idle time between
+    passes. Every Decided but the first token and the last is written while a pass runs."""
+    model, vh, prompt = target
+    cfg = ServerConfig(emulation=StepEmulation(60))
+    during: list[bool] = []
+    engines = []
+    write = VerifierServicer._write
+
+    async def watched(self, context, msg):
+        if msg.WhichOneof("msg") == "decided" and not msg.decided.done:
+            during.append(bool(engines[0].batcher._running))
+        await write(self, context, msg)
+
+    monkeypatch.setattr(VerifierServicer, "_write", watched)
+
+    async def go():
+        async with running_verifier(model, vh, cfg) as (engine, addr), channel(addr) as ch:
+            engines.append(engine)
+            s = CloudSession(ch)
+            await s.open_decided(prompt, GREEDY, 0, vh, max_tokens=6, stop=[])
+            while not (await s.recv()).done:
+                pass
+            await s.close()
+
+    run(go())
+    first, passes = during[0], during[1:]
+    assert not first and len(passes) >= 2 and all(passes), during
 
 
 @pytest.mark.parametrize("early", [True, False])
