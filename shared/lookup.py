@@ -23,7 +23,7 @@ def lookup_order(tokens: Sequence[int] | np.ndarray, k: int, min_n: int = 1, max
     """`lookup`'s tokens and the n of the n-gram they follow (0 when none occurs): a longer
     match is likelier to go on."""
     tail = tokens[-window:]  # slice first: a session's list is long
-    text = np.asarray(tail, dtype=_WORD) if isinstance(tail, np.ndarray) \
+    text = np.ascontiguousarray(tail, dtype=_WORD) if isinstance(tail, np.ndarray) \
         else array(_WORD_CODE, tail)
     buf = memoryview(text).cast("B").tobytes()  # the text as bytes: C's substring search
     last = len(text) - 1

@@ -43,3 +43,5 @@ def test_token_ids_whose_bytes_overlap_match_only_whole_tokens():
         want = _reference(ctx, k, min_n, max_n)
         assert lookup_order(ctx, k, min_n, max_n) == want, ctx
         assert lookup_order(np.array(ctx), k, min_n, max_n) == want, ctx
+        strided = np.repeat(np.array(ctx), 2)[::2]  # the same text, not contiguous
+        assert lookup_order(strided, k, min_n, max_n) == want, ctx
