@@ -283,6 +283,7 @@ class RequestClock:
         self.metrics, self.kind = metrics, kind
         self.start = time.perf_counter()
         self.first: float | None = None
+        self.finished = False
         if metrics:
             metrics.requests.labels(kind).inc()
             metrics.prompt_tokens.labels(kind).inc(prompt_tokens)
@@ -294,9 +295,10 @@ class RequestClock:
                 self.metrics.ttft.labels(self.kind).observe(self.first - self.start)
 
     def finish(self, tokens: int) -> None:
-        """The call ended as asked, with `tokens` output tokens."""
-        if not self.metrics:
+        """The call ended as asked, with `tokens` output tokens; counted once."""
+        if not self.metrics or self.finished:
             return
+        self.finished = True
         now = time.perf_counter()
         self.metrics.latency.labels(self.kind).observe(now - self.start)
         self.metrics.generation_tokens.labels(self.kind).inc(tokens)

@@ -356,16 +356,19 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             tokens = self.engine.generate(list(request.prompt_tokens), params, request.seed,
                                           request.max_tokens, list(request.stop_tokens),
                                           asked, client)
-            count = 0
+            count, stops = 0, set(request.stop_tokens)
             async with contextlib.aclosing(tokens):
                 async for token, lp in tokens:
                     count += 1
                     chunk = pb.GenerateChunk(tokens=[token], passes=count)
                     if lp is not None:
                         chunk.logprobs.CopyFrom(encode_logprobs([lp]))
-                    await self._write(context, chunk)
                     clock.first_token()
-            clock.finish(count)  # the last token is out (an edge may cancel now)
+                    if token in stops or count == request.max_tokens:
+                        clock.finish(count)  # before its write: a client holding the last
+                        # token may cancel while the write still awaits
+                    await self._write(context, chunk)
+            clock.finish(count)
             await self._write(context, pb.GenerateChunk(done=True, passes=count))
         except asyncio.CancelledError:
             if self.draining:

@@ -6,6 +6,7 @@ the KV pool and the series that exist before any event."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import urllib.request
 
 import pytest
@@ -18,7 +19,8 @@ torch = pytest.importorskip("torch")
 
 from acespec.cloud.serving.metrics import ERROR_CODES, KINDS, SOURCES, Metrics  # noqa: E402
 from acespec.cloud.serving.server import ServerConfig  # noqa: E402
-from acespec.edge.client import CloudSession, generate  # noqa: E402
+from acespec.cloud.serving.servicer import VerifierServicer  # noqa: E402
+from acespec.edge.client import CloudSession, generate, generate_chunks  # noqa: E402
 from acespec.shared.config import SamplingParams  # noqa: E402
 from acespec.shared.served import ServeParams  # noqa: E402
 from acespec.shared.tokenizer import Tokenizer  # noqa: E402
@@ -130,6 +132,41 @@ def test_each_kind_of_call_is_timed_and_its_drafts_counted(target):
         value(page, "acespec_kv_blocks_allocated")
     capacity = value(page, "acespec_kv_blocks_capacity")
     assert 0 <= used < allocated < capacity
+
+
+def test_a_call_whose_client_cancels_on_its_last_token_is_timed(target, monkeypatch):
+    """An edge stops reading at its last token and cancels (as `acespec generate --mode ar`
+    does), possibly while the verifier still awaits that token's write (a busy event loop
+    resumes it late; here each write is held 50 ms after it is sent): each such call ended
+    as asked and is timed once."""
+    model, vh, prompt = target
+    calls, n = 4, 3
+    write = VerifierServicer._write
+
+    async def late(self, context, msg):
+        await write(self, context, msg)
+        await asyncio.sleep(0.05)
+
+    monkeypatch.setattr(VerifierServicer, "_write", late)
+
+    async def go():
+        async with running_verifier(model, vh) as (engine, addr), channel(addr) as ch:
+            for seed in range(calls):
+                got = []
+                chunks = generate_chunks(ch, prompt, SAMPLED, seed, n, vh)
+                async with contextlib.aclosing(chunks):
+                    async for tokens, _ in chunks:
+                        got += tokens
+                        if len(got) == n:
+                            break  # closing cancels the call
+                assert len(got) == n
+            await asyncio.sleep(0.2)  # the verifier sees the last cancel
+            return scrape(engine)
+
+    page = run(go())
+    assert value(page, "acespec_requests_total", kind="generate") == calls
+    assert value(page, "acespec_request_latency_seconds_count", kind="generate") == calls
+    assert value(page, "acespec_generation_tokens_total", kind="generate") == calls * n
 
 
 def test_kv_blocks_in_use_follow_open_sessions(target):
