@@ -46,7 +46,7 @@ EXPLORE = 8  # while it does not pay, one lone pass in this many still asks it
 DECAY = 0.98  # the ledger's memory per call (about the last 50 calls count)
 STEPS_KEPT = 9  # a draft step's seconds: the median of the last this many timed
 FEED_TIMED = 4  # a step is timed when no session in it feeds more tokens than this
-STALE_DECAY = 0.5  # per lone pass since a draft step was last timed: the estimate halves
+STALE_DECAY = 0.5  # per pass since a draft step was last timed: the estimate halves
 Pick = Callable  # (logits [V] float32 numpy, position) -> the proposed token
 
 
@@ -181,7 +181,8 @@ class GapDrafter:
         self.busy_s = 0.0  # seconds of draft batches
         self.step_s = 0.0  # seconds of one batched draft step, recently (0: none yet)
         self._steps: deque[float] = deque(maxlen=STEPS_KEPT)
-        self._stale = 0.0  # lone passes that asked step_cost() since a step was last timed
+        self._seen = 0  # the device's pass count at the latest step_cost()
+        self._timed_at = 0  # ... when a draft step was last timed
         self.on_batch = None  # callback(seconds) per batch, for metrics
 
     @classmethod
@@ -254,26 +255,25 @@ class GapDrafter:
                 a.state.fed = len(a.text)
         return outs
 
-    def step_cost(self, sharing: float = 1.0) -> float:
-        """Seconds of one draft step, for a lone pass's depth (what each proposal costs),
-        asked once per session and lone pass, `sharing` sessions on the device. The median
-        of the steps timed lately, so one slow step (a warm-up, a busy moment) does not set
-        it. A call's first step also feeds the text decided since its last: timed only when
-        that is short (FEED_TIMED tokens), when it costs about a draft step; a session's
-        first call, or one after many passes without, times none. And it halves with each
-        lone pass since a step was last timed, so that an estimate that put the drafter off
-        is measured again."""
-        cost = self.step_s * STALE_DECAY ** self._stale
-        self._stale += 1 / max(1.0, sharing)  # sessions consult in turn: one pass in all
-        return cost
+    def step_cost(self, passes: int) -> float:
+        """Seconds of one draft step, for a lone pass's depth (what each proposal costs);
+        `passes`: the device's passes so far (acespec.cloud.verify.batcher.Batcher.passes).
+        The median of the steps timed lately, so one slow step (a warm-up, a busy moment)
+        does not set it. A call's first step also feeds the text decided since its last:
+        timed only when that is short (FEED_TIMED tokens), when it costs about a draft
+        step; a session's first call, or one after many passes without, times none. And it
+        halves with each pass in which no step was timed, so that an estimate that put the
+        drafter off is measured again."""
+        self._seen = passes
+        return self.step_s * STALE_DECAY ** max(0, passes - self._timed_at - 1)
 
     def _time_step(self, seconds: float) -> None:
-        """A draft step took `seconds`. The steps timed before a lone pass that timed none
-        are dropped: they told of a machine that may have changed since."""
-        if self._stale >= 1:
+        """A draft step took `seconds`. The steps timed before a pass that timed none are
+        dropped: they told of a machine that may have changed since."""
+        if self._seen - self._timed_at > 1:
             self._steps.clear()
         self._steps.append(seconds)
-        self.step_s, self._stale = statistics.median_low(self._steps), 0.0
+        self.step_s, self._timed_at = statistics.median_low(self._steps), self._seen
 
     @staticmethod
     def _pick(ask: Ask, out: list[int], logits: torch.Tensor) -> None:
