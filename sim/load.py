@@ -124,7 +124,7 @@ class Dilated:
 
 
 RATE_KEYS = ("per_client_tok_s_p50", "per_client_tok_s_p10", "aggregate_tok_s",
-             "passes_per_s")  # x K back in the undilated world
+             "all_live_tok_s", "passes_per_s")  # x K back in the undilated world
 TIME_KEYS = ("ttft_p50_s", "ttft_p90_s", "verifier_s_per_1k_tokens")  # / K
 
 
@@ -180,7 +180,8 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     verifier, on average over the point; cpu_busy: the machine's busy fraction over it (a
     row above CPU_BOUND is cpu_bound: it measured the testbed's CPU, not the device).
     grows: the edges' Grow messages the verifier applied, and those that reached past its
-    decided end (edge_grows_ahead: their share; None where the edges sent none)."""
+    decided end (edge_grows_ahead: their share; None where the edges sent none).
+    all_live_tok_s: the aggregate while every client was generating (all_live_rate)."""
     per_client = {}
     for r in records:
         tok, sec = per_client.get(r["client"], (0, 0.0))
@@ -196,6 +197,7 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
             "per_client_tok_s_p50": _pct(rates, 50), "per_client_tok_s_p10": _pct(rates, 10),
             "ttft_p50_s": _pct(ttft, 50, 3), "ttft_p90_s": _pct(ttft, 90, 3),
             "aggregate_tok_s": round(tokens / wall_s, 2) if wall_s > 0 else 0.0,
+            "all_live_tok_s": all_live_rate(records),
             "verifier_busy": round(min(1.0, busy_s / wall_s), 3) if wall_s > 0 else None,
             "verifier_s_per_1k_tokens": round(1000 * busy_s / max(1, tokens), 2),
             "nodes_per_token": round(nodes / max(1, tokens), 2),
@@ -207,6 +209,32 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
             "cpu_busy": cpu_busy,
             "cpu_bound": cpu_busy is not None and cpu_busy > CPU_BOUND,
             "tokens": tokens, "requests": len(records)}
+
+
+def all_live_rate(records: list[dict]) -> float | None:
+    """Tokens per second over the span in which every client was generating: from the
+    latest of the clients' first tokens to the earliest of their last ones, counting the
+    tokens that arrived within it, from each record's `token_times` (the wall clock at each
+    token). The aggregate without a run's start (its prompts crossing their links) and its
+    tail (the clients that finished early no longer there to fill a pass). None where the
+    records carry no times, or no client's span overlaps every other's."""
+    spans: dict[int, tuple[float, float]] = {}
+    times: list[float] = []
+    for r in records:
+        t = r.get("token_times")
+        if not t:
+            if r.get("tokens"):
+                return None  # a generation without its times: no span to read
+            continue
+        first, last = spans.get(r["client"], (math.inf, -math.inf))
+        spans[r["client"]] = (min(first, t[0]), max(last, t[-1]))
+        times += t
+    if not spans:
+        return None
+    start, end = max(a for a, _ in spans.values()), min(b for _, b in spans.values())
+    if end <= start:
+        return None
+    return round(sum(start < t <= end for t in times) / (end - start), 2)
 
 
 def _pct(values: list[float], q: float, digits: int = 2) -> float | None:
@@ -273,7 +301,7 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
 
 
 KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
-        "ttft_p90_s", "aggregate_tok_s", "verifier_busy", "verifier_s_per_1k_tokens",
+        "ttft_p90_s", "aggregate_tok_s", "all_live_tok_s", "verifier_busy", "verifier_s_per_1k_tokens",
         "nodes_per_token", "passes_per_s", "requests_per_pass", "live_sessions",
         "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead", "cpu_busy")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
@@ -344,7 +372,8 @@ def run_load(cfg: LoadConfig, model_dir: str, drafter: str, prompts: list[str],
                         r = runs[-1]
                         progress(f"  per client p50 {r['per_client_tok_s_p50']} / p10 "
                                  f"{r['per_client_tok_s_p10']} tok/s, aggregate "
-                                 f"{r['aggregate_tok_s']} tok/s, busy {r['verifier_busy']}, "
+                                 f"{r['aggregate_tok_s']} tok/s ({r['all_live_tok_s']} "
+                                 f"while all live), busy {r['verifier_busy']}, "
                                  f"{r['requests_per_pass']} of {r['live_sessions']} sessions "
                                  f"a pass, CPU {r['cpu_busy']}"
                                  + (" (CPU-bound: not counted)" if r["cpu_bound"] else ""))
@@ -465,8 +494,9 @@ async def _clients(job: dict) -> None:
         try:
             for k in range(job["requests"]):
                 prompt = prompts[(i + k * 7) % len(prompts)]
-                t0 = time.perf_counter()
-                _, stats = await engine.generate(prompt, ecfg, seq=seq, branch_seq=branches)
+                t0, times = time.perf_counter(), []
+                _, stats = await engine.generate(prompt, ecfg, _stamp(times), seq=seq,
+                                                 branch_seq=branches)
                 lone = stats.pass_figures()["lone_tokens"]  # + the first: the prompt's pass
                 drafter.drop(seq)
                 for b in branches:
@@ -474,6 +504,7 @@ async def _clients(job: dict) -> None:
                 print(json.dumps({"client": i, "tokens": stats.tokens,
                                   "seconds": time.perf_counter() - t0,
                                   "ttft_s": stats.first_token_s, "end": time.time(),
+                                  "token_times": [round(t, 4) for t in times],
                                   "lone_tokens": None if lone is None
                                   else lone + min(1, stats.tokens),
                                   **_drafts(stats.verifier)}),
@@ -487,6 +518,11 @@ async def _clients(job: dict) -> None:
     finally:
         await proxy.stop()
         drafter.close()
+
+
+def _stamp(times: list[float]):
+    """on_tokens for a generation: appends the wall clock once per token to `times`."""
+    return lambda tokens, _: times.extend([time.time()] * len(tokens))
 
 
 def _drafts(verifier: dict | None) -> dict:

@@ -16,6 +16,7 @@ from acespec.cloud.verify.batcher import StepEmulation
 from acespec.sim.load import (
     CpuMeter,
     LoadConfig,
+    all_live_rate,
     device_pool,
     goodput,
     markdown,
@@ -56,6 +57,23 @@ def test_a_point_summarises_its_clients():
     assert row["edge_grows_ahead"] is None  # no Grow messages
     assert point("acespec", 10, recs, 40.0, 30.0, 1408,
                  grows=(400.0, 12.0))["edge_grows_ahead"] == 0.03
+
+
+def test_the_all_live_rate_counts_the_tokens_while_every_client_generates():
+    """Client 0 gets a token each second from 1 to 10 s, client 1 from 2 to 6 s (two
+    generations): between 2 and 6 s both are live and 8 tokens arrive, 2 a second; the
+    start and the tail are left out."""
+    a = {"client": 0, "tokens": 10, "token_times": [float(t) for t in range(1, 11)]}
+    b1 = {"client": 1, "tokens": 2, "token_times": [2.0, 3.0]}
+    b2 = {"client": 1, "tokens": 3, "token_times": [4.0, 5.0, 6.0]}
+    assert all_live_rate([a, b1, b2]) == 2.0
+    recs = [{**r, "seconds": 1.0, "ttft_s": 0.1, "end": 0.0} for r in (a, b1, b2)]
+    assert point("acespec", 2, recs, 10.0, 5.0, 20)["all_live_tok_s"] == 2.0
+    assert all_live_rate([a]) == 1.0  # one client: its own span, its first token left out
+    late = {"client": 2, "tokens": 2, "token_times": [11.0, 12.0]}  # starts after a ends
+    assert all_live_rate([a, late]) is None
+    assert all_live_rate([a, {"client": 1, "tokens": 5}]) is None  # no times: no span
+    assert all_live_rate([]) is None
 
 
 def test_goodput_is_the_most_clients_whose_p10_meets_the_slo():
@@ -200,6 +218,8 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
         assert r["per_client_tok_s_p10"] > 0 and 0 < r["verifier_busy"] <= 1
         assert r["verifier_s_per_1k_tokens"] > 0 and r["nodes_per_token"] >= 1
         assert r["passes_per_s"] > 0 and 1 <= r["requests_per_pass"] <= n  # a sequence each
+        if n == 1:  # its 11 tokens after the first, over its own span
+            assert 0 < r["all_live_tok_s"] <= 11 * r["per_client_tok_s_p50"], (mode, r)
     assert rows["ar", 1]["edge_pass_tokens"] is None  # no session the verifier decides
     assert rows["colo", 2]["edge_pass_tokens"] == 0.0  # its edges draft nothing
     assert 0 <= rows["acespec", 1]["edge_pass_tokens"] <= 1
