@@ -125,7 +125,7 @@ class Dilated:
 
 RATE_KEYS = ("per_client_tok_s_p50", "per_client_tok_s_p10", "aggregate_tok_s",
              "all_live_tok_s", "passes_per_s")  # x K back in the undilated world
-TIME_KEYS = ("ttft_p50_s", "ttft_p90_s", "verifier_s_per_1k_tokens")  # / K
+TIME_KEYS = ("ttft_p50_s", "ttft_p90_s", "verifier_s_per_1k_tokens", "all_live_s")  # / K
 
 
 def undilate(row: dict, k: float) -> dict:
@@ -181,7 +181,8 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     row above CPU_BOUND is cpu_bound: it measured the testbed's CPU, not the device).
     grows: the edges' Grow messages the verifier applied, and those that reached past its
     decided end (edge_grows_ahead: their share; None where the edges sent none).
-    all_live_tok_s: the aggregate while every client was generating (all_live_rate)."""
+    all_live_tok_s: the aggregate while every client was generating, all_live_s seconds
+    (all_live)."""
     per_client = {}
     for r in records:
         tok, sec = per_client.get(r["client"], (0, 0.0))
@@ -193,11 +194,12 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     edge = None if not records or None in lone else round(1 - sum(lone) / max(1, tokens), 2)
     sent = sum(r.get("drafts_received") or 0 for r in records)
     scored = round(sum(r.get("drafts_scored") or 0 for r in records) / sent, 3) if sent else None
+    live_rate, live_s = all_live(records)
     return {"mode": mode, "clients": clients,
             "per_client_tok_s_p50": _pct(rates, 50), "per_client_tok_s_p10": _pct(rates, 10),
             "ttft_p50_s": _pct(ttft, 50, 3), "ttft_p90_s": _pct(ttft, 90, 3),
             "aggregate_tok_s": round(tokens / wall_s, 2) if wall_s > 0 else 0.0,
-            "all_live_tok_s": all_live_rate(records),
+            "all_live_tok_s": live_rate, "all_live_s": live_s,
             "verifier_busy": round(min(1.0, busy_s / wall_s), 3) if wall_s > 0 else None,
             "verifier_s_per_1k_tokens": round(1000 * busy_s / max(1, tokens), 2),
             "nodes_per_token": round(nodes / max(1, tokens), 2),
@@ -211,30 +213,30 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
             "tokens": tokens, "requests": len(records)}
 
 
-def all_live_rate(records: list[dict]) -> float | None:
-    """Tokens per second over the span in which every client was generating: from the
-    latest of the clients' first tokens to the earliest of their last ones, counting the
-    tokens that arrived within it, from each record's `token_times` (the wall clock at each
-    token). The aggregate without a run's start (its prompts crossing their links) and its
-    tail (the clients that finished early no longer there to fill a pass). None where the
-    records carry no times, or no client's span overlaps every other's."""
+def all_live(records: list[dict]) -> tuple[float | None, float | None]:
+    """(tokens per second, seconds) over the span in which every client was generating:
+    from the latest of the clients' first tokens to the earliest of their last ones,
+    counting the tokens that arrived within it, from each record's `token_times` (the wall
+    clock at each token). The aggregate without a run's start (its prompts crossing their
+    links) and its tail (the clients that finished early no longer there to fill a pass).
+    (None, None) where the records carry no times, or the clients' spans share no time."""
     spans: dict[int, tuple[float, float]] = {}
     times: list[float] = []
     for r in records:
         t = r.get("token_times")
         if not t:
             if r.get("tokens"):
-                return None  # a generation without its times: no span to read
+                return None, None  # a generation without its times: no span to read
             continue
         first, last = spans.get(r["client"], (math.inf, -math.inf))
         spans[r["client"]] = (min(first, t[0]), max(last, t[-1]))
         times += t
     if not spans:
-        return None
+        return None, None
     start, end = max(a for a, _ in spans.values()), min(b for _, b in spans.values())
     if end <= start:
-        return None
-    return round(sum(start < t <= end for t in times) / (end - start), 2)
+        return None, None
+    return round(sum(start < t <= end for t in times) / (end - start), 2), round(end - start, 3)
 
 
 def _pct(values: list[float], q: float, digits: int = 2) -> float | None:
@@ -301,8 +303,9 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
 
 
 KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
-        "ttft_p90_s", "aggregate_tok_s", "all_live_tok_s", "verifier_busy", "verifier_s_per_1k_tokens",
-        "nodes_per_token", "passes_per_s", "requests_per_pass", "live_sessions",
+        "ttft_p90_s", "aggregate_tok_s", "all_live_tok_s", "all_live_s", "verifier_busy",
+        "verifier_s_per_1k_tokens", "nodes_per_token", "passes_per_s", "requests_per_pass",
+        "live_sessions",
         "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead", "cpu_busy")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
                   "aggregate_tok_s", "verifier_busy", "nodes_per_token")

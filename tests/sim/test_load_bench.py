@@ -16,7 +16,7 @@ from acespec.cloud.verify.batcher import StepEmulation
 from acespec.sim.load import (
     CpuMeter,
     LoadConfig,
-    all_live_rate,
+    all_live,
     device_pool,
     goodput,
     markdown,
@@ -59,21 +59,22 @@ def test_a_point_summarises_its_clients():
                  grows=(400.0, 12.0))["edge_grows_ahead"] == 0.03
 
 
-def test_the_all_live_rate_counts_the_tokens_while_every_client_generates():
+def test_the_all_live_aggregate_counts_the_tokens_while_every_client_generates():
     """Client 0 gets a token each second from 1 to 10 s, client 1 from 2 to 6 s (two
     generations): between 2 and 6 s both are live and 8 tokens arrive, 2 a second; the
     start and the tail are left out."""
     a = {"client": 0, "tokens": 10, "token_times": [float(t) for t in range(1, 11)]}
     b1 = {"client": 1, "tokens": 2, "token_times": [2.0, 3.0]}
     b2 = {"client": 1, "tokens": 3, "token_times": [4.0, 5.0, 6.0]}
-    assert all_live_rate([a, b1, b2]) == 2.0
+    assert all_live([a, b1, b2]) == (2.0, 4.0)
     recs = [{**r, "seconds": 1.0, "ttft_s": 0.1, "end": 0.0} for r in (a, b1, b2)]
-    assert point("acespec", 2, recs, 10.0, 5.0, 20)["all_live_tok_s"] == 2.0
-    assert all_live_rate([a]) == 1.0  # one client: its own span, its first token left out
+    row = point("acespec", 2, recs, 10.0, 5.0, 20)
+    assert row["all_live_tok_s"] == 2.0 and row["all_live_s"] == 4.0
+    assert all_live([a]) == (1.0, 9.0)  # one client: its own span, its first token left out
     late = {"client": 2, "tokens": 2, "token_times": [11.0, 12.0]}  # starts after a ends
-    assert all_live_rate([a, late]) is None
-    assert all_live_rate([a, {"client": 1, "tokens": 5}]) is None  # no times: no span
-    assert all_live_rate([]) is None
+    assert all_live([a, late]) == (None, None)
+    assert all_live([a, {"client": 1, "tokens": 5}]) == (None, None)  # no times: no span
+    assert all_live([]) == (None, None)
 
 
 def test_goodput_is_the_most_clients_whose_p10_meets_the_slo():
