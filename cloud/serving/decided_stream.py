@@ -108,19 +108,20 @@ class DecidedStreams:
             pending = None  # the last pass's Decided, sent while the next pass runs
             while not session.done:
                 if self._apply_uplink(session, inbox):  # the edge has what it needs
+                    clock.finish(session.end - session.prompt_len)  # before the last writes:
+                    # an edge holding the last may cancel while a write still awaits
                     if pending is not None:
                         await send(pending)
                     await send(self._decided(session, session.end, [], last=True))
-                    clock.finish(session.end - session.prompt_len)
                     return
                 drafts = session.counts.drafts_scored, session.counts.proposed_accepted
                 start, new = await self._pass_while_sending(session, send, pending)
                 self._count_drafts(session, *drafts)
                 pending = self._decided(session, start, new)
                 _ack(pending, session)
+            clock.finish(session.end - session.prompt_len)
             if pending is not None:
                 await send(pending)
-            clock.finish(session.end - session.prompt_len)
             # Done: its KV and its place among the open sessions go now, not when the edge's
             # half-close arrives a round trip later (the stream lingers for it, holding nothing).
             self.engine.close(session_id)
