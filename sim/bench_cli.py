@@ -71,9 +71,11 @@ def _add_load(cmds) -> None:
     p = cmds.add_parser(
         "load", help="many clients at once on one verifier: tokens/s, TTFT and goodput",
         description="One verifier, N clients at once, closed loop, each through its own "
-        "--link: per-client tokens/s (p10, median), TTFT, the verifier's passes a second and "
-        "requests per pass, and goodput (the clients that meet the SLO), for every mode at "
-        "every client count.")
+        "--link: per-client tokens/s (p10, median), TTFT, the aggregate tokens/s over the "
+        "run and while every client is in it (all_live_tok_s: from the last client's first "
+        "token to the first client's last), the verifier's passes a second and requests per "
+        "pass, and goodput (the clients that meet the SLO), for every mode at every client "
+        "count.")
     g = p.add_argument_group("clients")
     g.add_argument("--clients", default="1,2,4,6,8,12,16,24,32,48,64",
                    help="client counts, each a run of that many clients at once "

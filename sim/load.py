@@ -181,7 +181,7 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     row above CPU_BOUND is cpu_bound: it measured the testbed's CPU, not the device).
     grows: the edges' Grow messages the verifier applied, and those that reached past its
     decided end (edge_grows_ahead: their share; None where the edges sent none).
-    all_live_tok_s: the aggregate while every client was generating, all_live_s seconds
+    all_live_tok_s: the aggregate while every client was in its run, all_live_s seconds
     (all_live)."""
     per_client = {}
     for r in records:
@@ -214,8 +214,9 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
 
 
 def all_live(records: list[dict]) -> tuple[float | None, float | None]:
-    """(tokens per second, seconds) over the span in which every client was generating:
-    from the latest of the clients' first tokens to the earliest of their last ones,
+    """(tokens per second, seconds) over the span in which every client was in its run
+    (had its first token, not yet its last): from the latest of the clients' first tokens
+    to the earliest of their last ones (over all of a client's generations),
     counting the tokens that arrived within it, from each record's `token_times` (the wall
     clock at each token). The aggregate without a run's start (its prompts crossing their
     links) and its tail (the clients that finished early no longer there to fill a pass).
@@ -305,8 +306,8 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
 KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
         "ttft_p90_s", "aggregate_tok_s", "all_live_tok_s", "all_live_s", "verifier_busy",
         "verifier_s_per_1k_tokens", "nodes_per_token", "passes_per_s", "requests_per_pass",
-        "live_sessions",
-        "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead", "cpu_busy")
+        "live_sessions", "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead",
+        "cpu_busy")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
                   "aggregate_tok_s", "verifier_busy", "nodes_per_token")
 
