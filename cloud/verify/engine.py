@@ -279,8 +279,8 @@ class Engine:
                 self.gap.ledger.worth(sharing):
             # Each proposal costs a draft step besides its node, waited out by every
             # session sharing the device.
-            step_s = self.gap.step_cost(self.batcher.passes) * sharing
-            k = self.depth.depth(0, session.proposal_room, fed, step_s, base=base)
+            k = self.depth.depth(0, session.proposal_room, fed, self.gap.step_s * sharing,
+                                 base=base)
             proposals, gap_s = (await self.gap.propose_async(
                 session.gap, list(session.tokens), k,
                 None if session.params.sampling.greedy else session.pick)

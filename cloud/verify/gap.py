@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,9 +42,7 @@ log = logging.getLogger(__name__)
 WARMUP = 4  # the drafter's first calls always run (they measure what it earns)
 EXPLORE = 8  # while it does not pay, one lone pass in this many still asks it
 DECAY = 0.98  # the ledger's memory per call (about the last 50 calls count)
-STEPS_KEPT = 9  # a draft step's seconds: the median of the last this many timed
-FEED_TIMED = 4  # a step is timed when no session in it feeds more tokens than this
-STALE_DECAY = 0.5  # per pass since a draft step was last timed: the estimate halves
+STEP_DECAY = 0.9  # per batch: a draft step's seconds, over the last ~10 batches
 Pick = Callable  # (logits [V] float32 numpy, position) -> the proposed token
 
 
@@ -180,9 +176,6 @@ class GapDrafter:
         self._task: asyncio.Task | None = None
         self.busy_s = 0.0  # seconds of draft batches
         self.step_s = 0.0  # seconds of one batched draft step, recently (0: none yet)
-        self._steps: deque[float] = deque(maxlen=STEPS_KEPT)
-        self._seen = 0  # the device's pass count at the latest step_cost()
-        self._timed_at = 0  # ... when a draft step was last timed
         self.on_batch = None  # callback(seconds) per batch, for metrics
 
     @classmethod
@@ -243,8 +236,7 @@ class GapDrafter:
                                                          last_only=True)
                                                  for i, f in zip(live, feed)])
                 self.emulation.pad(len(live), time.perf_counter() - t0)
-                if max(map(len, feed)) <= FEED_TIMED:  # a draft step, not a long feed
-                    self._time_step(time.perf_counter() - t0)
+                self._time_step(time.perf_counter() - t0)
                 for i, row in zip(live, rows):
                     self._pick(asks[i], outs[i], row[-1])
                 live = [i for i in live if len(outs[i]) < ks[i]]
@@ -255,25 +247,10 @@ class GapDrafter:
                 a.state.fed = len(a.text)
         return outs
 
-    def step_cost(self, passes: int) -> float:
-        """Seconds of one draft step, for a lone pass's depth (what each proposal costs);
-        `passes`: the device's passes so far (acespec.cloud.verify.batcher.Batcher.passes).
-        The median of the steps timed lately, so one slow step (a warm-up, a busy moment)
-        does not set it. A call's first step also feeds the text decided since its last:
-        timed only when that is short (FEED_TIMED tokens), when it costs about a draft
-        step; a session's first call, or one after many passes without, times none. And it
-        halves with each pass in which no step was timed, so that an estimate that put the
-        drafter off is measured again."""
-        self._seen = passes
-        return self.step_s * STALE_DECAY ** max(0, passes - self._timed_at - 1)
-
     def _time_step(self, seconds: float) -> None:
-        """A draft step took `seconds`. The steps timed before a pass that timed none are
-        dropped: they told of a machine that may have changed since."""
-        if self._seen - self._timed_at > 1:
-            self._steps.clear()
-        self._steps.append(seconds)
-        self.step_s, self._timed_at = statistics.median_low(self._steps), self._seen
+        """A draft step took `seconds` (what a proposal costs the pass's depth)."""
+        self.step_s = seconds if not self.step_s else \
+            STEP_DECAY * self.step_s + (1 - STEP_DECAY) * seconds
 
     @staticmethod
     def _pick(ask: Ask, out: list[int], logits: torch.Tensor) -> None:

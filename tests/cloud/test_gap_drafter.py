@@ -221,23 +221,6 @@ def test_a_loaded_verifier_stops_drafting_for_its_sessions(gap, tiny_pair):
     assert full.counts.lone_passes > idle.counts.lone_passes  # its proposals were missed
 
 
-def test_slow_draft_steps_do_not_keep_the_drafter_off(gap, tiny_pair):
-    """A session's first call times its draft steps slow (a busy moment: 1 s each, a
-    hundred passes), every later step 1 ms: the drafter, put off by them, is asked again
-    within a few lone passes, and from then on in each one, as on an idle verifier whose
-    drafter pays."""
-    tok_dir, model, _ = tiny_pair
-    prompt = [1, 5, 9, 14]
-    timed, busy = gap._time_step, iter([1.0] * 4)  # the first call: --propose 4 steps
-    gap._time_step = lambda seconds: timed(next(busy, 0.001))
-    gap.ledger = Ledger(calls=WARMUP, earned_s=5.0, spent_s=1.0)
-    s = decide(model, Tokenizer.load(tok_dir).vocab_hash(), prompt, GREEDY, 0, 120,
-               propose=4, gap=gap, sharing=1.0)
-    assert s.tokens == prompt + plain_greedy(model, prompt, 120)
-    assert next(busy, None) is None and gap.step_s == 0.001
-    assert s.gap.calls >= s.counts.lone_passes - 10 > 10, (s.gap.calls, vars(s.counts))
-
-
 def test_lookups_counterfactual_is_its_prefix_agreeing_with_what_was_decided():
     assert _agreeing([4, 5, 6], [4, 5, 9]) == 2
     assert _agreeing([4, 5], [4, 5, 6]) == 2
