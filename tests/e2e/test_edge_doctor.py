@@ -87,7 +87,7 @@ def test_doctor_says_the_key_is_refused(cloud, tmp_path):
     wrong.write_text("not-the-key\n")
     env = home_with(tmp_path, f'cloud = "{addr}"\n')
     r = acespec("edge", "doctor", "--auth-token-file", str(wrong), env=env, timeout=120)
-    assert r.returncode == 1
+    assert r.returncode == 1, r.stdout + r.stderr
     assert "problem: the verifier refused the key" in r.stderr, r.stderr
 
 
@@ -99,7 +99,7 @@ def test_doctor_says_the_vocabulary_is_foreign(cloud, tmp_path):
     env = home_with(tmp_path, f'cloud = "{addr}"\nauth-token-file = "{key}"\n'
                     f'drafter = "ngram"\ntokenizer = "{tmp_path / "tokenizer.json"}"\n')
     r = acespec("edge", "doctor", env=env, timeout=120)
-    assert r.returncode == 1
+    assert r.returncode == 1, r.stdout + r.stderr
     assert "problem: the verifier refused the session (vocab_hash mismatch" in r.stderr
     assert "the drafter must share the target's tokenizer" in r.stderr
 
