@@ -356,15 +356,15 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             tokens = self.engine.generate(list(request.prompt_tokens), params, request.seed,
                                           request.max_tokens, list(request.stop_tokens),
                                           asked, client)
-            count, stops = 0, set(request.stop_tokens)
+            count = 0
             async with contextlib.aclosing(tokens):
-                async for token, lp in tokens:
+                async for out in tokens:
                     count += 1
-                    chunk = pb.GenerateChunk(tokens=[token], passes=count)
-                    if lp is not None:
-                        chunk.logprobs.CopyFrom(encode_logprobs([lp]))
+                    chunk = pb.GenerateChunk(tokens=[out.token], passes=count)
+                    if out.logprob is not None:
+                        chunk.logprobs.CopyFrom(encode_logprobs([out.logprob]))
                     clock.first_token()
-                    if token in stops or count == request.max_tokens:
+                    if out.last:
                         clock.finish(count)  # before its write: a client holding the last
                         # token may cancel while the write still awaits
                     await self._write(context, chunk)

@@ -70,6 +70,16 @@ class Lone:
             self.proposals = self.lookup
 
 
+@dataclass(frozen=True)
+class Generated:
+    """One token of cloud-only decoding: its logprob entry (None: not asked) and whether it
+    ends the call (a stop token or the last of max_tokens)."""
+
+    token: int
+    logprob: TokenLogprob | None
+    last: bool
+
+
 @dataclass
 class OpenResult:
     session_id: str
@@ -373,9 +383,10 @@ class Engine:
     async def generate(self, prompt: Sequence[int], params: ServeParams, seed: int,
                        max_tokens: int = 0, stop: Sequence[int] = (),
                        logprobs: int | None = None, client: str = ""
-                       ) -> AsyncIterator[tuple[int, TokenLogprob | None]]:
-        """Cloud-only autoregressive decoding from p~: yields (token, its logprob entry with
-        `logprobs` alternatives, or None when not asked). The token at absolute position i
+                       ) -> AsyncIterator[Generated]:
+        """Cloud-only autoregressive decoding from p~: yields each token with its logprob
+        entry (`logprobs` alternatives, or None when not asked), the one that ends the call
+        marked last. The token at absolute position i
         is drawn with a uniform from RNG(seed, i), so a seed fixes the output. max_tokens
         0 = unset: DEFAULT_GENERATE_TOKENS, or fewer when the model's context has less room.
         Counts as a session against max_sessions while it runs; close it (aclose) to stop."""
@@ -394,8 +405,10 @@ class Engine:
                 row = logits[-1].cpu().numpy()
                 token, _ = await self.grammars.apply(grammar, decide, row, params, seed,
                                                      len(prompt) + i, text, grammar)
-                yield token, None if logprobs is None else token_logprob(row, token, logprobs)
-                if token in stop or i + 1 == max_tokens:
+                last = token in stop or i + 1 == max_tokens
+                yield Generated(token, None if logprobs is None
+                                else token_logprob(row, token, logprobs), last)
+                if last:
                     return
                 if shaped:
                     text.append(token)

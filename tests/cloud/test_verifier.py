@@ -47,6 +47,35 @@ def test_greedy_generate_equals_plain_decoding(target):
     assert run(go()) == plain_greedy(model, prompt, 20)
 
 
+def test_cloud_only_decoding_marks_the_token_that_ends_it(target):
+    """The engine says which token is its last: the max_tokens-th, or a stop token, or the
+    default count's last where max_tokens is unset (0)."""
+    from acespec.cloud.verify.engine import DEFAULT_GENERATE_TOKENS, Engine
+
+    model, vh, prompt = target
+    greedy = plain_greedy(model, prompt, 6)
+
+    async def go():
+        engine = Engine(model, vh, "last")
+        try:
+            calls = {}
+            for name, max_tokens, stop in (("count", 5, ()), ("stop", 0, (greedy[2],)),
+                                           ("unset", 0, ())):
+                calls[name] = [g async for g in engine.generate(prompt, GREEDY, 0, max_tokens,
+                                                                stop)]
+            return calls
+        finally:
+            await engine.close_all()
+
+    calls = run(go())
+    for name, out in calls.items():
+        assert [g.last for g in out] == [False] * (len(out) - 1) + [True], name
+    assert [g.token for g in calls["count"]] == greedy[:5]
+    assert [g.token for g in calls["stop"]] == greedy[:3]
+    assert len(calls["unset"]) == min(DEFAULT_GENERATE_TOKENS,
+                                      model.args.max_position_embeddings - len(prompt))
+
+
 def test_sampled_generate_is_seeded(target):
     model, vh, prompt = target
 

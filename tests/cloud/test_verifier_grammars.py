@@ -69,7 +69,7 @@ def test_grammars_are_built_and_applied_off_the_loop_and_the_passes(tiny_pair, w
         await engine.extend(res.session, 1, torch.tensor([5]).numpy(),
                             torch.tensor([0]).numpy())
         engine.close(res.session_id)
-        out = [t async for t, _ in engine.generate(prompt, params(), 0, 8, [tok.eos_id])]
+        out = [g.token async for g in engine.generate(prompt, params(), 0, 8, [tok.eos_id])]
         await engine.close_all()
         return loop_thread, charged, out
 
