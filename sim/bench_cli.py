@@ -123,7 +123,10 @@ def _add_load(cmds) -> None:
     g = p.add_argument_group("prediction")
     g.add_argument("--predict", action="store_true",
                    help="the discrete-event model's prediction beside each measured row (ar, "
-                   "acespec, colo, cloud-lookup), on the same link and profiles")
+                   "acespec, colo, cloud-lookup), on the same link and profiles, with its "
+                   "aggregate over the measured one (vs_aggregate) and over the measured "
+                   "aggregate while every client is live (vs_all_live: the model, too, has "
+                   "no burst start or tail)")
     _acceptance_options(g, accept=0.8, lookup=0.3)
     _output_options(p, plot=True)
     p.set_defaults(func=command(_commands, "bench_load"))

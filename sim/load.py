@@ -286,7 +286,10 @@ def capacity_bound(cfg: LoadConfig) -> float:
 def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: float
             ) -> list[dict]:
     """The discrete-event model's rows (acespec.sim.des_many) for each measured (mode, N)
-    it models, on the run's link and profiles; each run gets predicted_* keys beside."""
+    it models, on the run's link and profiles; each run gets predicted_* keys beside, and
+    each model row its aggregate against the measured one (`vs_aggregate`) and against the
+    measured aggregate while every client is live (`vs_all_live`: like the model, without a
+    burst's start and tail)."""
 
     step, draft = _profiles(cfg)
     costs = ModelCosts(draft_s=cfg.emulate_draft[0] / 1000, target_base_s=step.base_ms / 1000,
@@ -298,6 +301,9 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
     for r in runs:
         if r["mode"] in MANY_MODES:
             rows.append(simulate_many(r["mode"], r["clients"], link, fleet, costs))
+            rows[-1].update({f"vs_{k.removesuffix('_tok_s')}": _ratio(
+                rows[-1]["aggregate_tok_s"], r.get(k)) for k in ("aggregate_tok_s",
+                                                                  "all_live_tok_s")})
             r.update({f"predicted_{k}": v for k, v in rows[-1].items()
                       if k not in ("mode", "clients")})
     return rows
@@ -309,7 +315,13 @@ KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft
         "live_sessions", "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead",
         "cpu_busy")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
-                  "aggregate_tok_s", "verifier_busy", "nodes_per_token")
+                  "aggregate_tok_s", "vs_aggregate", "vs_all_live", "verifier_busy",
+                  "nodes_per_token")
+
+
+def _ratio(predicted: float, measured: float | None) -> float | None:
+    """predicted / measured, None where nothing was measured."""
+    return round(predicted / measured, 2) if measured else None
 
 
 def markdown(runs: list[dict], keys: tuple[str, ...] = KEYS) -> str:

@@ -63,9 +63,13 @@ def test_an_unknown_mode_is_refused_by_name():
 def test_predict_puts_the_model_beside_each_measured_row():
     from acespec.sim.load import LoadConfig, predict
 
-    runs = [{"mode": "ar", "clients": 1}, {"mode": "acespec-gap", "clients": 1},
-            {"mode": "acespec", "clients": 4}]
+    runs = [{"mode": "ar", "clients": 1, "aggregate_tok_s": 20.0, "all_live_tok_s": 40.0},
+            {"mode": "acespec-gap", "clients": 1}, {"mode": "acespec", "clients": 4}]
     rows = predict(LoadConfig(), runs, accept=0.8, lookup_accept=0.3)
     assert [(r["mode"], r["clients"]) for r in rows] == [("ar", 1), ("acespec", 4)]
     assert runs[0]["predicted_per_client_tok_s_p10"] > 0
     assert "predicted_aggregate_tok_s" in runs[2] and "predicted_verifier_busy" not in runs[1]
+    ar = rows[0]["aggregate_tok_s"]  # against each measured figure; None where none
+    assert rows[0]["vs_aggregate"] == round(ar / 20, 2) and rows[0]["vs_all_live"] == \
+        round(ar / 40, 2)
+    assert rows[1]["vs_aggregate"] is None and rows[1]["vs_all_live"] is None

@@ -240,6 +240,13 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
         {(m, n) for m in ("ar", "acespec", "colo") for n in (1, 2)}  # acespec-gap: not modelled
     assert all(r["predicted_per_client_tok_s_p10"] > 0 for r in result["runs"]
                if r["mode"] != "acespec-gap")
+    for r in result["predicted"]:  # the model against the measured figures
+        measured = rows[r["mode"], r["clients"]]
+        assert r["vs_aggregate"] == pytest.approx(
+            r["aggregate_tok_s"] / measured["aggregate_tok_s"], abs=0.01)
+        assert r["vs_all_live"] == pytest.approx(
+            r["aggregate_tok_s"] / measured["all_live_tok_s"], abs=0.01)
+    assert "vs_all_live" in p.stdout
 
 
 @pytest.mark.slow
