@@ -74,8 +74,9 @@ def _add_load(cmds) -> None:
         "--link: per-client tokens/s (p10, median), TTFT, the aggregate tokens/s over the "
         "run and while every client is in it (all_live_tok_s: from the last client's first "
         "token to the first client's last), the verifier's passes a second and requests per "
-        "pass, and goodput (the clients that meet the SLO), for every mode at every client "
-        "count.")
+        "pass, the sessions the edges re-dialled (reconnects: a session silent past the "
+        "stall threshold is opened again, its text prefilled again), and goodput (the "
+        "clients that meet the SLO), for every mode at every client count.")
     g = p.add_argument_group("clients")
     g.add_argument("--clients", default="1,2,4,6,8,12,16,24,32,48,64",
                    help="client counts, each a run of that many clients at once "
@@ -114,8 +115,8 @@ def _add_load(cmds) -> None:
                    "drafter's real decode stays below it (default: %(default)s)")
     g.add_argument("--dilate", type=number(float, 1.0, 100.0), default=1.0, metavar="K",
                    help="time dilation: every time constant of the emulated world (the step "
-                   "profiles, the edges' drafter step, the link's delay) x K and the link's "
-                   "rate / K, so that the machine's own compute shrinks against the emulated "
+                   "profiles, the edges' drafter step, the link's delay, the edges' stall "
+                   "threshold and reconnect delay) x K and the link's rate / K, so that the machine's own compute shrinks against the emulated "
                    "device; figures are reported in undilated units, and each row states the "
                    "machine's CPU busy fraction (a row above 0.8 is CPU-bound and does not "
                    "count toward goodput) (default: %(default)s)")

@@ -41,6 +41,7 @@ from acespec.edge.client import CHANNEL_OPTIONS
 from acespec.edge.drafting.llama import LlamaDrafter, LlamaDrafterConfig
 from acespec.edge.session import EdgeEngine, EngineConfig
 from acespec.edge.session.config import GROW_SEQS
+from acespec.edge.session.offline import STALL_S
 from acespec.edge.text import TextCodec
 from acespec.procs import python_module
 from acespec.shared import modes
@@ -58,6 +59,7 @@ GPU_LIKE = "25,0.1,256"  # flat 25 ms up to 256 nodes a pass, then 0.1 ms per no
 # The tiny demo drafter's real decode on two shared cores stays below it, so every edge runs
 # at the laptop's pace, not at what the testbed's CPU has left.
 EDGE_DRAFT_MS = (12.0, 1.0)
+EDGE_OFFLINE = "wait"  # the bench's edges pause while the verifier is unreachable
 CPU_BOUND = 0.8  # a row whose machine was busier than this measured the CPU, not the device
 SLO_SPEEDUP = 1.3  # per-client tokens/s >= this x ar's one-client rate, measured in the run
 SLO_TTFT_S = 2.0  # ... and TTFT p90 at most this
@@ -106,14 +108,16 @@ class LoadConfig:
             cloud_draft=f"{draft.base_ms * k:g},{draft.per_seq_ms * k:g}",
             emulate_draft=(self.emulate_draft[0] * k, self.emulate_draft[1] * k),
             link=replace(spec, up_bps=spec.up_bps / k, down_bps=spec.down_bps / k,
-                         rtt_s=spec.rtt_s * k, jitter_s=spec.jitter_s * k))
+                         rtt_s=spec.rtt_s * k, jitter_s=spec.jitter_s * k),
+            stall_s=STALL_S[EDGE_OFFLINE] * k, backoff_s=EngineConfig.backoff_s * k)
 
 
 @dataclass(frozen=True)
 class Dilated:
     """Time dilation (as in time-warped network emulation): the verifier's step profile (its
-    knee is a node count and stays), the co-located drafter's step, the edges' drafter step
-    and the link's delay, each x K, and its rate / K. The machine's own compute is not
+    knee is a node count and stays), the co-located drafter's step, the edges' drafter step,
+    the link's delay and the edges' stall threshold and reconnect delay, each x K, and the
+    link's rate / K. The machine's own compute is not
     dilated, so it shrinks against the emulated device; figures are reported back in the
     undilated world's units (undilate)."""
 
@@ -121,6 +125,8 @@ class Dilated:
     cloud_draft: str  # its --emulate-cloud-draft-ms
     emulate_draft: tuple[float, float]  # the edges' drafter step, ms
     link: LinkSpec
+    stall_s: float  # an edge's session silent this long while owing an answer is re-dialled
+    backoff_s: float  # an edge's first reconnect delay
 
 
 RATE_KEYS = ("per_client_tok_s_p50", "per_client_tok_s_p10", "aggregate_tok_s",
@@ -210,6 +216,7 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
             "edge_grows_ahead": round(grows[1] / grows[0], 3) if grows[0] else None,
             "cpu_busy": cpu_busy,
             "cpu_bound": cpu_busy is not None and cpu_busy > CPU_BOUND,
+            "reconnects": sum(r.get("reconnects", 0) for r in records),
             "tokens": tokens, "requests": len(records)}
 
 
@@ -313,7 +320,7 @@ KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft
         "ttft_p90_s", "aggregate_tok_s", "all_live_tok_s", "all_live_s", "verifier_busy",
         "verifier_s_per_1k_tokens", "nodes_per_token", "passes_per_s", "requests_per_pass",
         "live_sessions", "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead",
-        "cpu_busy")
+        "reconnects", "cpu_busy")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
                   "aggregate_tok_s", "vs_aggregate", "vs_all_live", "verifier_busy",
                   "nodes_per_token")
@@ -412,7 +419,8 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
     job = {"host": host, "port": port, "mode": mode, "drafter": drafter, "prompts": prompts,
            "requests": cfg.requests, "max_tokens": cfg.max_tokens,
            "temperature": cfg.temperature, "spec": asdict(world.link),
-           "emulate_draft": world.emulate_draft, "start_at": start_at}
+           "emulate_draft": world.emulate_draft, "stall_s": world.stall_s,
+           "backoff_s": world.backoff_s, "start_at": start_at}
     workers = []
     for w in range(procs):
         mine = list(range(w, n, procs))
@@ -496,7 +504,9 @@ async def _clients(job: dict) -> None:
     via = f"127.0.0.1:{await proxy.start()}"
     ecfg = EngineConfig(mode=mode, adaptive=True, depth=8, window=8,
                         max_depth=8, max_window=32, max_tokens=job["max_tokens"],
-                        serve=ServeParams(SamplingParams(job["temperature"], coupled=True)))
+                        serve=ServeParams(SamplingParams(job["temperature"], coupled=True)),
+                        offline=EDGE_OFFLINE, stall_s=job["stall_s"],
+                        backoff_s=job["backoff_s"])
     prompts = [codec.encode(p) for p in job["prompts"]]
 
     async def client(i: int, slot: int) -> None:
@@ -523,6 +533,7 @@ async def _clients(job: dict) -> None:
                                   "token_times": [round(t, 4) for t in times],
                                   "lone_tokens": None if lone is None
                                   else lone + min(1, stats.tokens),
+                                  "reconnects": stats.reconnects,
                                   **_drafts(stats.verifier)}),
                       flush=True)
         finally:

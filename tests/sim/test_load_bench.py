@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from acespec.cloud.verify.batcher import StepEmulation
+from acespec.edge.session import EngineConfig
+from acespec.edge.session.offline import STALL_S
 from acespec.sim.load import (
     CpuMeter,
     LoadConfig,
@@ -57,6 +59,9 @@ def test_a_point_summarises_its_clients():
     assert row["edge_grows_ahead"] is None  # no Grow messages
     assert point("acespec", 10, recs, 40.0, 30.0, 1408,
                  grows=(400.0, 12.0))["edge_grows_ahead"] == 0.03
+    assert row["reconnects"] == 0  # records without them count none
+    recs[3]["reconnects"] = 2
+    assert point("acespec", 10, recs, 40.0, 30.0, 1408)["reconnects"] == 2
 
 
 def test_the_all_live_aggregate_counts_the_tokens_while_every_client_generates():
@@ -116,6 +121,10 @@ def test_dilation_scales_the_emulated_world_and_reports_it_undilated():
     assert w.cloud_draft == "20,0.2" and w.emulate_draft == (48.0, 4.0)
     assert w.link.up_bps == w.link.down_bps == pytest.approx(12.5e3)
     assert w.link.rtt_s == pytest.approx(0.2)
+    # The edges' own clocks too: a session a dilated verifier leaves silent for the
+    # undilated stall threshold is not re-dialled (and its prompt prefilled again)
+    assert w.stall_s == pytest.approx(4 * STALL_S["wait"])
+    assert w.backoff_s == pytest.approx(4 * EngineConfig.backoff_s)
     # A dilated run measures K times slower rates and K times longer times
     row = point("acespec", 2, _records([10.0, 10.0], ttft=0.8), 12.8, 6.4, 256,
                 passes=(40.0, 80.0), live_sessions=2.0)
@@ -229,6 +238,7 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
     ahead = [rows["acespec", n]["edge_grows_ahead"] for n in (1, 2)]  # from its /metrics
     assert all(a is None or 0 <= a <= 1 for a in ahead)  # None: the Grows came after the end
     assert rows["colo", 2]["edge_grows_ahead"] is None
+    assert all(isinstance(r["reconnects"], int) for r in rows.values())  # from the edges
     assert set(result["goodput"]) == {"ar", "acespec", "acespec-gap", "colo"}
     assert result["slo"]["per_client_tok_s"] == pytest.approx(
         1.3 * rows["ar", 1]["per_client_tok_s_p50"], rel=0.01)
