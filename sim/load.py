@@ -117,9 +117,8 @@ class Dilated:
     """Time dilation (as in time-warped network emulation): the verifier's step profile (its
     knee is a node count and stays), the co-located drafter's step, the edges' drafter step,
     the link's delay and the edges' stall threshold and reconnect delay, each x K, and the
-    link's rate / K. The machine's own compute is not
-    dilated, so it shrinks against the emulated device; figures are reported back in the
-    undilated world's units (undilate)."""
+    link's rate / K. The machine's own compute is not dilated, so it shrinks against the
+    emulated device; figures are reported back in the undilated world's units (undilate)."""
 
     emulate: str  # the verifier's --emulate-step-ms
     cloud_draft: str  # its --emulate-cloud-draft-ms
