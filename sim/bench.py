@@ -207,15 +207,12 @@ class Meter:
         sums = tuple(sum(x.value for x in samples if x.name == n) for n in names)
         return sums[0] if len(names) == 1 else sums
 
-    def grows(self) -> tuple[float, float]:
-        """(the edges' Grow messages applied so far, those that reached past the decided
-        end: acespec_edge_grow_reach above 0)."""
-        name = "acespec_edge_grow_reach"
-        samples = self._samples()
-        count = sum(x.value for x in samples if x.name == name + "_count")
-        behind = sum(x.value for x in samples if x.name == name + "_bucket"
-                     and float(x.labels["le"]) == 0)
-        return count, count - behind
+    def reach(self) -> dict[float, float]:
+        """The edges' Grow messages applied so far by their reach, cumulative: {le: how
+        many reached at most le positions past the decided end} from the buckets of
+        acespec_edge_grow_reach (le inf: all of them)."""
+        name = "acespec_edge_grow_reach_bucket"
+        return {float(x.labels["le"]): x.value for x in self._samples() if x.name == name}
 
     def busy(self) -> float:
         """Seconds the verifier was busy so far: its passes and its drafting."""

@@ -75,8 +75,12 @@ def _add_load(cmds) -> None:
         "run and while every client is in it (all_live_tok_s: from the last client's first "
         "token to the first client's last), the verifier's passes a second and requests per "
         "pass, the sessions the edges re-dialled (reconnects: a session silent past the "
-        "stall threshold is opened again, its text prefilled again), and goodput (the "
-        "clients that meet the SLO), for every mode at every client count.")
+        "stall threshold is opened again, its text prefilled again), how the edges' drafts "
+        "fared (edge_drafts_scored: the share that reached a pass before their positions "
+        "were decided; edge_grows_ahead: the share of their Grow messages that reached past "
+        "the verifier's decided end; edge_grow_reach_p50: the median message's reach, "
+        "negative where it arrived that many positions behind), and goodput (the clients "
+        "that meet the SLO), for every mode at every client count.")
     g = p.add_argument_group("clients")
     g.add_argument("--clients", default="1,2,4,6,8,12,16,24,32,48,64",
                    help="client counts, each a run of that many clients at once "

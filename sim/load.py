@@ -173,7 +173,7 @@ class CpuMeter:
 def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: float,
           nodes: float, passes: tuple[float, float] = (0.0, 0.0),
           live_sessions: float | None = None, cpu_busy: float | None = None,
-          grows: tuple[float, float] = (0.0, 0.0)) -> dict:
+          reach: dict[float, float] | None = None) -> dict:
     """One (mode, N) row from its per-request records {client, tokens, seconds, ttft_s,
     lone_tokens (decided with no edge draft: the first token and the lone passes')}.
     passes: the verifier's passes in the run and the requests they held (summed).
@@ -183,8 +183,11 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     drafts_received and drafts_scored; None where the edges sent none). live_sessions: the sessions open at the
     verifier, on average over the point; cpu_busy: the machine's busy fraction over it (a
     row above CPU_BOUND is cpu_bound: it measured the testbed's CPU, not the device).
-    grows: the edges' Grow messages the verifier applied, and those that reached past its
-    decided end (edge_grows_ahead: their share; None where the edges sent none).
+    reach: the edges' Grow messages the verifier applied during the point by reach,
+    cumulative ({le: count}, Meter.reach): edge_grows_ahead is the share that reached past
+    its decided end, edge_grow_reach_p50 the median reach (the bound of its bucket, at most
+    the last; negative: that many positions behind the end); None where the edges sent
+    none.
     all_live_tok_s: the aggregate while every client was in its run, all_live_s seconds
     (all_live)."""
     per_client = {}
@@ -211,7 +214,7 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
             "requests_per_pass": round(passes[1] / passes[0], 2) if passes[0] else None,
             "live_sessions": None if live_sessions is None else round(live_sessions, 2),
             "edge_pass_tokens": edge, "edge_drafts_scored": scored,
-            "edge_grows_ahead": round(grows[1] / grows[0], 3) if grows[0] else None,
+            **_reach(reach or {}),
             "cpu_busy": cpu_busy,
             "cpu_bound": cpu_busy is not None and cpu_busy > CPU_BOUND,
             "reconnects": sum(r.get("reconnects", 0) for r in records),
@@ -318,7 +321,7 @@ KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft
         "ttft_p90_s", "aggregate_tok_s", "all_live_tok_s", "all_live_s", "verifier_busy",
         "verifier_s_per_1k_tokens", "nodes_per_token", "passes_per_s", "requests_per_pass",
         "live_sessions", "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead",
-        "reconnects", "cpu_busy")
+        "edge_grow_reach_p50", "reconnects", "cpu_busy")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
                   "aggregate_tok_s", "vs_aggregate", "vs_all_live", "verifier_busy",
                   "nodes_per_token")
@@ -430,7 +433,7 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
     while time.time() < start_at:
         time.sleep(0.01)
     busy0, nodes0, passes0, t0 = meter.busy(), meter.nodes(), meter.passes(), time.perf_counter()
-    grows0 = meter.grows()
+    reach0 = meter.reach()
     cpu, live = CpuMeter(), SessionSampler(meter)
     records = []
     try:
@@ -445,9 +448,9 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
     cpu_busy = cpu.busy()
     wall = max((r["end"] for r in records), default=start_at) - start_at
     passes = tuple(b - a for a, b in zip(passes0, meter.passes()))
-    grows = tuple(b - a for a, b in zip(grows0, meter.grows()))
+    reach = {le: count - reach0.get(le, 0.0) for le, count in meter.reach().items()}
     row = point(mode, n, records, wall or time.perf_counter() - t0, meter.busy() - busy0,
-                meter.nodes() - nodes0, passes, live.mean(), cpu_busy, grows)
+                meter.nodes() - nodes0, passes, live.mean(), cpu_busy, reach)
     return undilate(row, cfg.dilate)
 
 
@@ -548,6 +551,19 @@ async def _clients(job: dict) -> None:
 def _stamp(times: list[float]):
     """on_tokens for a generation: appends the wall clock once per token to `times`."""
     return lambda tokens, _: times.extend([time.time()] * len(tokens))
+
+
+def _reach(reach: dict[float, float]) -> dict:
+    """edge_grows_ahead and edge_grow_reach_p50 from Grow messages by reach (cumulative
+    {le: count}); None where there were none."""
+    total = reach.get(math.inf, 0.0)
+    if total <= 0:
+        return {"edge_grows_ahead": None, "edge_grow_reach_p50": None}
+    median = min(le for le, count in reach.items() if count >= total / 2)
+    if math.isinf(median):  # beyond the last bound: at least that
+        median = max(le for le in reach if not math.isinf(le))
+    return {"edge_grows_ahead": round(1 - reach.get(0.0, 0.0) / total, 3),
+            "edge_grow_reach_p50": int(median)}
 
 
 def _drafts(verifier: dict | None) -> dict:

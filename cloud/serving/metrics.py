@@ -39,7 +39,8 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 
                 0.5, 0.75, 1.0, 2.5, 5.0)
 LATENCY_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                    60.0, 120.0, 240.0, 480.0, 960.0)
-REACH_BUCKETS = (-32, -16, -8, -4, -2, -1, 0, 1, 2, 4, 8, 16, 32)  # positions past the end
+REACH_BUCKETS = (-32, -16, -12, -8, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 6, 8, 16, 32)  # positions
+# past the end: each one near it, where a line arrives a round trip behind or just ahead
 WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                 5.0, 10.0)
 

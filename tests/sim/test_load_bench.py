@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import subprocess
 import sys
 import time
@@ -56,9 +57,13 @@ def test_a_point_summarises_its_clients():
         r["drafts_received"], r["drafts_scored"] = 10, i % 2  # 5 of 110 in time
     assert point("acespec", 10, recs, 40.0, 30.0, 1408)["edge_drafts_scored"] == \
         round(5 / 110, 3)
-    assert row["edge_grows_ahead"] is None  # no Grow messages
-    assert point("acespec", 10, recs, 40.0, 30.0, 1408,
-                 grows=(400.0, 12.0))["edge_grows_ahead"] == 0.03
+    assert row["edge_grows_ahead"] is None and row["edge_grow_reach_p50"] is None  # no Grows
+    # 400 Grow messages: 150 at most 4 behind, 250 at most 3 behind, 388 at most at the end
+    reach = {-4.0: 150.0, -3.0: 250.0, 0.0: 388.0, 32.0: 400.0, math.inf: 400.0}
+    grown = point("acespec", 10, recs, 40.0, 30.0, 1408, reach=reach)
+    assert grown["edge_grows_ahead"] == 0.03 and grown["edge_grow_reach_p50"] == -3
+    far = point("acespec", 10, recs, 40.0, 30.0, 1408, reach={32.0: 1.0, math.inf: 4.0})
+    assert far["edge_grow_reach_p50"] == 32  # beyond the last bound: at least it
     assert row["reconnects"] == 0  # records without them count none
     recs[3]["reconnects"] = 2
     assert point("acespec", 10, recs, 40.0, 30.0, 1408)["reconnects"] == 2
@@ -238,6 +243,10 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
     ahead = [rows["acespec", n]["edge_grows_ahead"] for n in (1, 2)]  # from its /metrics
     assert all(a is None or 0 <= a <= 1 for a in ahead)  # None: the Grows came after the end
     assert rows["colo", 2]["edge_grows_ahead"] is None
+    reach = [rows["acespec", n]["edge_grow_reach_p50"] for n in (1, 2)]
+    assert all((r is None) == (a is None) for r, a in zip(reach, ahead))
+    assert all(r is None or isinstance(r, int) and -32 <= r <= 32 for r in reach)  # a bound
+    assert rows["colo", 2]["edge_grow_reach_p50"] is None
     assert all(isinstance(r["reconnects"], int) for r in rows.values())  # from the edges
     assert set(result["goodput"]) == {"ar", "acespec", "acespec-gap", "colo"}
     assert result["slo"]["per_client_tok_s"] == pytest.approx(
