@@ -387,6 +387,12 @@ def run_load(cfg: LoadConfig, model_dir: str, drafter: str, prompts: list[str],
         runs = []
         async with _verifier_process(bcfg, model_dir) as start:
             async with start(None) as (host, port, _, meter):
+                # Unmeasured: a verifier fresh from its start has measured no pass, and
+                # until it has, it takes any prompt whole; the first point measured on it
+                # would thus admit its burst of prompts as no later point does.
+                progress("warming the verifier up (not measured) ...")
+                await asyncio.to_thread(run_point, cfg, cfg.modes[0], min(cfg.clients), host,
+                                        port, meter, world, drafter, prompts)
                 for mode in cfg.modes:
                     for n in cfg.clients:
                         progress(f"{mode}, {n} clients ...")

@@ -63,8 +63,10 @@ class PassStats:
 
 
 PREFILL_SLACK = 0.25  # a prefill chunk may make a pass with other sessions this much longer
+# (more for new clients' short prompts: Batcher._prefill_budget)
 PREFILL_MIN = 16  # ... but always carries this many prompt tokens
-PREFILL_ALONE_S = 0.25  # with no other session decoding, a prefill pass's most seconds
+PREFILL_ALONE_S = 0.25  # with no other session decoding, a prefill pass's most seconds (and
+# with others, a pass's most for new clients' prompts)
 RECENT_S = 1.0  # a sequence scored this recently counts as decoding: a prefill yields to it
 GATHER_S = 0.01  # after a pass, wait for the sequences that come straight back (a decided
 # session's next pass) while they keep coming, each within this long of the one before, up
@@ -132,6 +134,7 @@ class Batcher:
         self._resolved: WeakKeyDictionary[KVCache, float] = WeakKeyDictionary()
         self._gap: WeakKeyDictionary[KVCache, float] = WeakKeyDictionary()
         self._recent: WeakKeyDictionary[KVCache, float] = WeakKeyDictionary()
+        self._owner: WeakKeyDictionary[KVCache, str] = WeakKeyDictionary()  # decoded for whom
         self._clients: dict[str, ClientLoad] = {}  # each client's recent part of the passes
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target")
         self._task: asyncio.Task | None = None
@@ -186,7 +189,7 @@ class Batcher:
     def forget(self, key: KVCache) -> None:
         """A sequence that will not be scored again (its session done or closed): a prompt's
         prefill no longer yields to it, nor a pass waits for it to come back."""
-        for times in (self._recent, self._resolved, self._gap):
+        for times in (self._recent, self._resolved, self._gap, self._owner):
             times.pop(key, None)
         self._came(key)
 
@@ -298,21 +301,47 @@ class Batcher:
                        if now - load.last > CLIENT_FORGET_S]:
             del self._clients[client]
 
+    def _new_prompts(self, heads: list[Job], decoding: set[str]) -> list[int]:
+        """Each new client's shortest waiting prompt, in tokens: a session's prompt (not
+        one scored for its logprobs) of a client decoding nothing and in no pass within
+        CLIENT_RECENT_S, i.e. waiting for its first token."""
+        now, shortest = time.perf_counter(), {}
+        for j in heads:
+            if j.req.last_only and j.reduce is None and j.client not in decoding:
+                load = self._clients.get(j.client)
+                if load is None or now - load.last >= CLIENT_RECENT_S:
+                    shortest[j.client] = min(j.left, shortest.get(j.client, j.left))
+        return list(shortest.values())
+
     def _prefill_budget(self, heads: list[Job], decode_nodes: int) -> int:
         """Prompt tokens this pass may carry, by the measured cost of self.cost (a line, or
-        flat up to a knee then linear; at least PREFILL_MIN). Beside other sessions (another queued now, or one that decoded within
-        RECENT_S), as many as keep the pass within 1 + PREFILL_SLACK of its cost without
-        them; alone, as many as fit in PREFILL_ALONE_S, so a session that arrives meanwhile
-        waits no longer than that."""
+        flat up to a knee then linear; at least PREFILL_MIN). Beside other sessions (another
+        queued now, or one that decoded within RECENT_S), as many as keep the pass within
+        1 + PREFILL_SLACK of its cost without them, or more to take new clients' prompts
+        whole (_new_prompts): shortest first, as many as keep it within 1 + r of that cost
+        (r: new clients per decoding one, so each new client's prompt gets about a
+        decoding client's part of the pass) and within PREFILL_ALONE_S. A burst of new
+        clients is thus not fed a few prompt tokens a pass, while a prompt too long for
+        that goes in chunks within PREFILL_SLACK. Alone, as many as fit in
+        PREFILL_ALONE_S, so a session that arrives meanwhile waits no longer than that."""
         keys = {j.key for j in heads}
-        others = decode_nodes > 0 or len(keys) > 1 or any(k not in keys for k in self._recent)
+        decoding = {j.client for j in heads if not j.prefill} | \
+            {self._owner.get(k, "") for k in self._recent if k not in keys}
         base, per_node, knee = self.cost.hinge()
         if per_node <= 0:
             return self.max_batch_nodes
-        if others:  # cost(decode + c) <= (1 + slack) cost(decode), cost = base + slope (n - knee)+
+        if decode_nodes > 0 or decoding or len(keys) > 1:
             d = max(decode_nodes, 1)
-            target = (1 + PREFILL_SLACK) * (base + per_node * max(0, d - knee))
-            spare = knee + (target - base) / per_node - d
+
+            def within(slack: float) -> float:  # cost(d + c) <= (1 + slack) cost(d), with
+                # cost(n) = base + per_node (n - knee)+
+                return knee + ((1 + slack) * (base + per_node * max(0, d - knee)) - base) \
+                    / per_node - d
+
+            new = self._new_prompts(heads, decoding)
+            room = min(within(len(new) / max(1, len(decoding))),
+                       knee + (PREFILL_ALONE_S - base) / per_node - d)
+            spare = max(within(PREFILL_SLACK), _whole(new, room))
         else:
             spare = knee + (PREFILL_ALONE_S - base) / per_node
         return min(self.max_batch_nodes, max(PREFILL_MIN, int(spare)))
@@ -362,6 +391,7 @@ class Batcher:
         for job, out in plan:
             if not job.prefill:
                 self._recent[job.key] = now
+                self._owner[job.key] = job.client
             if job.fut.done():  # given up or failed (fail_pending) during the pass
                 self._drop(job)
             elif isinstance(out, BaseException):
@@ -447,6 +477,16 @@ class Batcher:
         if self._task:
             self._task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _whole(sizes: list[int], room: float) -> int:
+    """The most tokens of whole prompts, shortest first, that fit in `room`."""
+    total = 0
+    for n in sorted(sizes):
+        if total + n > room:
+            break
+        total += n
+    return total
 
 
 def _client_nodes(plan: list[tuple[Job, Request]]) -> dict[str, int]:

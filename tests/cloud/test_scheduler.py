@@ -22,6 +22,7 @@ from acespec.cloud.verify.batcher import (  # noqa: E402
     PREFILL_MIN,
     PREFILL_SLACK,
     Batcher,
+    Job,
     StepEmulation,
 )  # noqa: E402
 from acespec.cloud.verify.clients import fair_level, in_turn  # noqa: E402
@@ -100,6 +101,47 @@ def test_prefill_budget_follows_the_measured_pass_cost(tiny_pair):
             flat.cost.observe(n, 0.025)  # a GPU below its knee: a prompt costs nothing extra
     assert flat._prefill_budget([], decode_nodes=10) == flat.max_batch_nodes
     assert beside >= PREFILL_MIN
+
+
+def test_new_clients_prompts_go_whole_beside_decoding_ones(tiny_pair):
+    """Beside decoding clients, a pass takes the prompts of new clients (waiting for their
+    first token) whole, shortest first, within 1 + r of its cost, r the new clients per
+    decoding one, and within PREFILL_ALONE_S: a burst of new clients is not fed a few
+    prompt tokens a pass. A prompt that does not fit goes in chunks within PREFILL_SLACK,
+    as does a prompt of a client already decoding or lately in a pass, and a prompt scored
+    for its logprobs."""
+    _, model, _ = tiny_pair
+    b = _batcher(model)
+
+    def decode(client: str) -> Job:
+        return Job(Request([1], model.new_cache(), None), None, None, client)
+
+    def prompt(client: str, n: int) -> Job:
+        return Job(Request([1] * n, model.new_cache(), None, last_only=True), None, None,
+                   client)
+
+    def within(slack: float) -> int:  # beside one decode node: cost 40 ms + 0.5 ms a node
+        return int(slack * (0.040 + 0.0005) / 0.0005)
+
+    floor, alone = within(PREFILL_SLACK), (PREFILL_ALONE_S - 0.040) / 0.0005 - 1
+    burst = [decode("d"), prompt("c", 60), prompt("a", 30), prompt("b", 40), prompt("e", 300)]
+    assert within(4) == 324  # 4 new clients to 1: 30 + 40 + 60 whole, not 300 more
+    assert b._prefill_budget(burst, decode_nodes=1) == 130
+    crowd = [decode("d")] + [prompt(f"n{i}", 45) for i in range(10)]  # 10 to 1: 9 of 45 in
+    assert b._prefill_budget(crowd, decode_nodes=1) == 405 and 405 <= alone < 450
+    assert b._prefill_budget([decode("d"), prompt("a", 500)], decode_nodes=1) == floor
+    three = [decode(c) for c in "def"]  # 1 new client to 3: within 27
+    assert b._prefill_budget(three + [prompt("a", 24)], decode_nodes=1) == 24
+    assert b._prefill_budget(three + [prompt("a", 30)], decode_nodes=1) == floor
+    assert b._prefill_budget([decode("d"), prompt("d", 30)], decode_nodes=1) == floor
+    scoring = Job(Request([1] * 30, model.new_cache(), None), None, None, "a",
+                  reduce=lambda rows, at: [])
+    assert b._prefill_budget([decode("d"), scoring], decode_nodes=1) == floor
+    cache = model.new_cache()
+    run(b.score(Request([5] * 20, cache, None, last_only=True), client="b"))  # b was in a
+    b.forget(cache)  # pass a moment ago (its session closed since, or its prompt under way)
+    assert b._prefill_budget([decode("d"), prompt("b", 30)], decode_nodes=1) == floor
+    assert floor < 24
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_beside_a_decoding_session(tiny_pair):
@@ -475,7 +517,7 @@ def test_a_scored_prompt_goes_in_chunks_and_keeps_only_what_it_reduces(tiny_pair
     out, stats = run(go())
     whole = model(prompt, model.new_cache())
     assert out == whole.argmax(-1).tolist()
-    budget = int(PREFILL_SLACK * (0.040 + 0.0005) / 0.0005)
+    budget = int(PREFILL_SLACK * (0.040 + 0.0005) / 0.0005)  # scoring waits for no token
     assert len(seen) >= len(prompt) // budget and max(n for _, n in seen) <= budget
     assert [at for at, _ in seen] == sorted(at for at, _ in seen) and seen[0][0] == 0
     assert all("d" in s.clients for s in stats if s.prefill)
