@@ -77,6 +77,11 @@ def add_parser(sub) -> None:
                    "node, or per node beyond KNEE nodes: a GPU-like roofline, flat up to the "
                    "knee), the small target's real compute inside it, to emulate a big "
                    "model's step time on its device")
+    s.add_argument("--emulate-dilate", metavar="K", type=number(float, 1, 100), default=1.0,
+                   help="TESTBED: a time-dilated run (as `bench load --dilate K` starts): "
+                   "the scheduler's own wall-clock windows (the gather after a pass, how "
+                   "long a session or client counts as recent, a prefill pass's time bound) "
+                   "x K, as --emulate-step-ms gives the device's step x K (default: 1)")
     s.add_argument("--grace", type=float, default=10.0, help="shutdown drain seconds")
     s.set_defaults(func=command(_commands, "run_serve"))
     lt = csub.add_parser(

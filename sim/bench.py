@@ -72,6 +72,7 @@ class BenchConfig:
     cloud_draft: str = CLOUD_DRAFT_MS
     dtype: str = "float32"  # the verifier's --dtype (every mode: `ar` runs the same target)
     linear: str = "auto"  # the verifier's --linear (every mode)
+    dilate: float = 1.0  # the verifier's --emulate-dilate (bench load --dilate)
 
     def __post_init__(self):
 
@@ -104,7 +105,8 @@ class BenchConfig:
         gap = (["--gap-drafter", self.gap_drafter, "--emulate-cloud-draft-ms",
                 self.cloud_draft] if self.gap else [])
         return ["--emulate-step-ms", self.emulate, "--grace", "1",
-                "--propose", str(self.propose), "--dtype", self.dtype, "--linear", self.linear] + gap
+                "--propose", str(self.propose), "--dtype", self.dtype, "--linear", self.linear,
+                "--emulate-dilate", f"{self.dilate:g}"] + gap
 
 
 def parse_links(text: str) -> tuple[tuple[str, LinkSpec], ...]:
@@ -257,7 +259,7 @@ async def _verifier_in_process(cfg: BenchConfig, model_dir: str):
     from acespec.cloud.verify.gap import DraftEmulation
 
     scfg = ServerConfig(model=model_dir, host="127.0.0.1", port=0,
-                        emulation=StepEmulation.parse(cfg.emulate),
+                        emulation=StepEmulation.parse(cfg.emulate, cfg.dilate),
                         limits=Limits(propose=cfg.propose),
                         gap_drafter=cfg.gap_drafter if cfg.gap else "",
                         cloud_draft=DraftEmulation.parse(cfg.cloud_draft))

@@ -120,8 +120,10 @@ def _add_load(cmds) -> None:
     g.add_argument("--dilate", type=number(float, 1.0, 100.0), default=1.0, metavar="K",
                    help="time dilation: every time constant of the emulated world (the step "
                    "profiles, the edges' drafter step, the link's delay, the edges' stall "
-                   "threshold and reconnect delay) x K and the link's rate / K, so that the "
-                   "machine's own compute shrinks against the emulated device; figures are reported in undilated units, and each row states the "
+                   "threshold and reconnect delay, the verifier's scheduling windows: cloud "
+                   "serve --emulate-dilate) x K and the link's rate / K, so that the "
+                   "machine's own compute shrinks against the emulated device; figures are "
+                   "reported in undilated units, and each row states the "
                    "machine's CPU busy fraction (a row above 0.8 is CPU-bound and does not "
                    "count toward goodput) (default: %(default)s)")
     _model_options(p)

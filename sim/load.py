@@ -110,13 +110,22 @@ class LoadConfig:
                          rtt_s=spec.rtt_s * k, jitter_s=spec.jitter_s * k),
             stall_s=STALL_S[EngineConfig.offline] * k, backoff_s=EngineConfig.backoff_s * k)
 
+    def verifier(self, drafter: str) -> BenchConfig:
+        """The run's verifier (BenchConfig.serve_flags), in the dilated world."""
+        world = self.dilated()
+        return BenchConfig(links=(), modes=self.modes, max_tokens=self.max_tokens,
+                           emulate=world.emulate, propose=self.propose, gap_drafter=drafter,
+                           cloud_draft=world.cloud_draft, temperature=self.temperature,
+                           dilate=self.dilate)
+
 
 @dataclass(frozen=True)
 class Dilated:
     """Time dilation (as in time-warped network emulation): the verifier's step profile (its
     knee is a node count and stays), the co-located drafter's step, the edges' drafter step,
-    the link's delay and the edges' stall threshold and reconnect delay, each x K, and the
-    link's rate / K. The machine's own compute is not dilated, so it shrinks against the
+    the link's delay, the edges' stall threshold and reconnect delay and the verifier's
+    scheduling windows (BenchConfig.dilate: its --emulate-dilate), each x K, and the link's
+    rate / K. The machine's own compute is not dilated, so it shrinks against the
     emulated device; figures are reported back in the undilated world's units (undilate)."""
 
     emulate: str  # the verifier's --emulate-step-ms
@@ -379,9 +388,7 @@ def run_load(cfg: LoadConfig, model_dir: str, drafter: str, prompts: list[str],
     """Every mode at every client count on one verifier: {"runs", "goodput", "slo"}."""
 
     world = cfg.dilated()
-    bcfg = BenchConfig(links=(), modes=cfg.modes, max_tokens=cfg.max_tokens,
-                       emulate=world.emulate, propose=cfg.propose, gap_drafter=drafter,
-                       cloud_draft=world.cloud_draft, temperature=cfg.temperature)
+    bcfg = cfg.verifier(drafter)
 
     async def main() -> list[dict]:
         runs = []

@@ -87,6 +87,9 @@ def load_engine(cfg: ServerConfig, metrics=None, on_failure=None) -> Engine:
                     "(--emulate-step-ms) to emulate a big target model",
                     cfg.emulation.base_ms, cfg.emulation.per_node_ms,
                     f" beyond {cfg.emulation.knee}" if cfg.emulation.knee else "")
+    if cfg.emulation.dilate != 1:
+        log.warning("TESTBED: the scheduler's wall-clock windows are x%g (--emulate-dilate): "
+                    "a time-dilated run", cfg.emulation.dilate)
     gap = None
     if cfg.gap_drafter:
         gap = GapDrafter.load(cfg.gap_drafter, vocab_hash, model.args.vocab_size,

@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from weakref import WeakKeyDictionary
 
 import torch
@@ -37,16 +37,20 @@ class StepEmulation:
     base_ms: float = 0.0  # per pass
     per_node_ms: float = 0.0  # per scored node (beyond the knee)
     knee: int = 0  # nodes a pass scores for base_ms alone
+    dilate: float = 1.0  # a time-dilated testbed: the scheduler's own windows x this too
 
     @classmethod
-    def parse(cls, text: str | None) -> StepEmulation:
-        """'T0', 'T0,PER_NODE' or 'T0,PER_NODE,KNEE' in milliseconds (KNEE in nodes)."""
+    def parse(cls, text: str | None, dilate: float = 1.0) -> StepEmulation:
+        """'T0', 'T0,PER_NODE' or 'T0,PER_NODE,KNEE' in milliseconds (KNEE in nodes), as
+        given (already dilated); dilate: the factor the scheduler's windows take."""
+        if not 1 <= dilate <= 100:
+            raise ValueError(f"--emulate-dilate must be in [1, 100], got {dilate:g}")
         if not text:
-            return cls()
+            return cls(dilate=dilate)
         base, per_node, knee = ms_profile(
             text, "T0[,PER_NODE[,KNEE]] >= 0 (KNEE a whole number of nodes)", 3,
             flag="--emulate-step-ms", whole_third=True)
-        return cls(base, per_node, int(knee))
+        return cls(base, per_node, int(knee), dilate)
 
     def seconds(self, n_nodes: int) -> float:
         return (self.base_ms + self.per_node_ms * max(0, n_nodes - self.knee)) / 1000
@@ -77,6 +81,22 @@ GATHER_SHARE = 1.0
 GAP_DECAY = 0.8  # per request: a sequence's gap between its result and its next request
 SHARING_DECAY = 0.9  # per pass: the sessions sharing the device, over the last ~10 passes
 CLIENT_FORGET_S = 60.0  # a client in no pass for this long is forgotten
+
+
+@dataclass(frozen=True)
+class Windows:
+    """The scheduler's wall-clock windows (the constants above). A time-dilated testbed
+    (`cloud serve --emulate-dilate K`, which `bench load --dilate K` passes) stretches them
+    with the emulated device's step, so they keep their length in the emulated world."""
+
+    prefill_alone_s: float = PREFILL_ALONE_S
+    recent_s: float = RECENT_S
+    gather_s: float = GATHER_S
+    client_recent_s: float = CLIENT_RECENT_S
+    client_forget_s: float = CLIENT_FORGET_S
+
+    def dilated(self, k: float) -> Windows:
+        return Windows(*(k * getattr(self, f.name) for f in fields(self)))
 
 
 @dataclass(eq=False)
@@ -120,6 +140,7 @@ class Batcher:
     def __init__(self, model: Transformer, max_batch_nodes: int = 1024,
                  emulation: StepEmulation = StepEmulation(), on_pass=None, on_settled=None):
         self.model, self.max_batch_nodes, self.emulation = model, max_batch_nodes, emulation
+        self.windows = Windows().dilated(emulation.dilate)
         self.on_pass = on_pass  # callback(PassStats) for metrics, in the worker thread
         self.on_settled = on_settled  # callback({client: nodes}) after a pass, on the loop
         self.cost = PassCost()  # seconds per pass by its nodes, measured here
@@ -210,7 +231,7 @@ class Batcher:
                 await loop.run_in_executor(self._pool, self._run, plan, clients)
             finally:
                 self._running = set()
-            wait_s = max(GATHER_S, GATHER_SHARE * (time.perf_counter() - t0))
+            wait_s = max(self.windows.gather_s, GATHER_SHARE * (time.perf_counter() - t0))
             back = self._settle(plan, wait_s)
             if self.on_settled:
                 self.on_settled(clients)
@@ -236,7 +257,7 @@ class Batcher:
                 if left <= 0:
                     return
                 try:
-                    await asyncio.wait_for(self._back.wait(), min(left, GATHER_S))
+                    await asyncio.wait_for(self._back.wait(), min(left, self.windows.gather_s))
                 except TimeoutError:
                     if self._arrivals == seen:  # none came for GATHER_S: the rest are not
                         return  # coming soon
@@ -248,7 +269,7 @@ class Batcher:
         self._drop_cancelled()
         now = time.perf_counter()
         for times in (self._recent, self._resolved):
-            for k in [k for k, t in times.items() if now - t >= RECENT_S]:
+            for k in [k for k, t in times.items() if now - t >= self.windows.recent_s]:
                 del times[k]
         seen: set[KVCache] = set()
         heads = [j for j in self._jobs if not (j.key in seen or seen.add(j.key))]
@@ -268,7 +289,7 @@ class Batcher:
                 plan.append((job, n))
                 room -= n
                 used[job.client] = mine + n
-        prefill_room = self._prefill_budget(heads, sum(n for _, n in plan))
+        prefill_room = self._prefill_budget(heads, sum(n for _, n in plan)) if prefill else 0
         for job in prefill:
             n = min(job.left, room, prefill_room)
             if n > 0:
@@ -285,7 +306,7 @@ class Batcher:
         for job, want in wants:
             demand[job.client] = demand.get(job.client, 0) + want
         for client, load in self._clients.items():
-            if client not in demand and now - load.last < CLIENT_RECENT_S:
+            if client not in demand and now - load.last < self.windows.client_recent_s:
                 demand[client] = load.nodes
         return fair_level(demand, self.cost.hinge()[2])
 
@@ -298,7 +319,7 @@ class Batcher:
         for client, nodes in parts.items():
             self._clients.setdefault(client, ClientLoad()).on_pass(nodes, now)
         for client in [c for c, load in self._clients.items()
-                       if now - load.last > CLIENT_FORGET_S]:
+                       if now - load.last > self.windows.client_forget_s]:
             del self._clients[client]
 
     def _new_prompts(self, heads: list[Job], decoding: set[str]) -> list[int]:
@@ -309,7 +330,7 @@ class Batcher:
         for j in heads:
             if j.req.last_only and j.reduce is None and j.client not in decoding:
                 load = self._clients.get(j.client)
-                if load is None or now - load.last >= CLIENT_RECENT_S:
+                if load is None or now - load.last >= self.windows.client_recent_s:
                     shortest[j.client] = min(j.left, shortest.get(j.client, j.left))
         return list(shortest.values())
 
@@ -330,6 +351,7 @@ class Batcher:
         base, per_node, knee = self.cost.hinge()
         if per_node <= 0:
             return self.max_batch_nodes
+        alone_s = self.windows.prefill_alone_s
         if decode_nodes > 0 or decoding or len(keys) > 1:
             d = max(decode_nodes, 1)
 
@@ -340,10 +362,10 @@ class Batcher:
 
             new = self._new_prompts(heads, decoding)
             room = min(within(len(new) / max(1, len(decoding))),
-                       knee + (PREFILL_ALONE_S - base) / per_node - d)
+                       knee + (alone_s - base) / per_node - d)
             spare = max(within(PREFILL_SLACK), _whole(new, room))
         else:
-            spare = knee + (PREFILL_ALONE_S - base) / per_node
+            spare = knee + (alone_s - base) / per_node
         return min(self.max_batch_nodes, max(PREFILL_MIN, int(spare)))
 
     @staticmethod

@@ -7,6 +7,7 @@ import asyncio
 import math
 import random
 import time
+from dataclasses import fields, replace
 
 import pytest
 from prometheus_client import generate_latest
@@ -16,7 +17,6 @@ torch = pytest.importorskip("torch")
 from acespec.cloud.errors import Unavailable  # noqa: E402
 from acespec.cloud.serving.metrics import Metrics  # noqa: E402
 from acespec.cloud.target.model import Request  # noqa: E402
-from acespec.cloud.verify import batcher as batcher_module  # noqa: E402
 from acespec.cloud.verify.batcher import (  # noqa: E402
     PREFILL_ALONE_S,
     PREFILL_MIN,
@@ -24,6 +24,7 @@ from acespec.cloud.verify.batcher import (  # noqa: E402
     Batcher,
     Job,
     StepEmulation,
+    Windows,
 )  # noqa: E402
 from acespec.cloud.verify.clients import fair_level, in_turn  # noqa: E402
 from acespec.cloud.verify.decided import ROOT, DecidedSession, DecideLimits  # noqa: E402
@@ -101,6 +102,30 @@ def test_prefill_budget_follows_the_measured_pass_cost(tiny_pair):
             flat.cost.observe(n, 0.025)  # a GPU below its knee: a prompt costs nothing extra
     assert flat._prefill_budget([], decode_nodes=10) == flat.max_batch_nodes
     assert beside >= PREFILL_MIN
+
+
+def test_a_dilated_testbed_stretches_the_schedulers_windows(tiny_pair):
+    """cloud serve --emulate-dilate K (bench load --dilate K): each wall-clock window of the
+    scheduler is K times as long, so a prefill pass alone gets K times the seconds, and a
+    client in a pass 2 s ago is still recent (its window is 4 s, not 1 s)."""
+    _, model, _ = tiny_pair
+    plain, dilated = Windows(), Windows().dilated(4)
+    assert [getattr(dilated, f.name) for f in fields(Windows)] == \
+        [4 * getattr(plain, f.name) for f in fields(Windows)]
+    assert StepEmulation.parse("40,0.5", 4).dilate == 4
+    with pytest.raises(ValueError, match="--emulate-dilate"):
+        StepEmulation.parse("40,0.5", 0.5)
+    b = Batcher(model, max_batch_nodes=4096, emulation=StepEmulation.parse("", 4))
+    assert b.windows == dilated
+    for n in (1, 4, 16, 64, 128, 256, 512, 1024):
+        b.cost.observe(n, 0.040 + 0.0005 * n)
+    alone = (4 * PREFILL_ALONE_S - 0.040) / 0.0005  # x4 the seconds of a pass alone
+    assert abs(b._prefill_budget([], decode_nodes=0) - alone) <= 1
+    plain_b = _batcher(model)
+    for batcher in (b, plain_b):
+        batcher._on_clients({"a": 8, "b": 4}, time.perf_counter() - 2.0)
+    assert b._fair_level([], time.perf_counter()) == 4  # both still busy: the level is b's
+    assert plain_b._fair_level([], time.perf_counter()) == math.inf  # neither is
 
 
 def test_new_clients_prompts_go_whole_beside_decoding_ones(tiny_pair):
@@ -245,15 +270,15 @@ def test_a_busy_verifier_puts_every_session_in_every_pass(tiny_pair):
     assert sum(decode) / len(decode) >= 0.9 * n, decode
 
 
-def test_a_pass_does_not_wait_for_a_session_that_is_done(tiny_pair, monkeypatch):
+def test_a_pass_does_not_wait_for_a_session_that_is_done(tiny_pair):
     """After a pass the next one waits for the sessions that come straight back, but not
     for one forgotten meanwhile (done): with a 2 s gather window, the session that goes on
     gets its next passes at once."""
     _, model, _ = tiny_pair
-    monkeypatch.setattr(batcher_module, "GATHER_S", 2.0)
 
     async def go(forget: bool) -> float:
         b = Batcher(model)
+        b.windows = replace(b.windows, gather_s=2.0)
         done, going = model.new_cache(), model.new_cache()
 
         async def finishing():

@@ -130,6 +130,10 @@ def test_dilation_scales_the_emulated_world_and_reports_it_undilated():
     # undilated stall threshold is not re-dialled (and its prompt prefilled again)
     assert w.stall_s == pytest.approx(4 * STALL_S["wait"])
     assert w.backoff_s == pytest.approx(4 * EngineConfig.backoff_s)
+    # ... and the verifier's: its scheduling windows (cloud serve --emulate-dilate)
+    flags = cfg.verifier(drafter="drafter.gguf").serve_flags()
+    assert flags[flags.index("--emulate-dilate") + 1] == "4"
+    assert flags[flags.index("--emulate-step-ms") + 1] == "100,0.4,256"
     # A dilated run measures K times slower rates and K times longer times
     row = point("acespec", 2, _records([10.0, 10.0], ttft=0.8), 12.8, 6.4, 256,
                 passes=(40.0, 80.0), live_sessions=2.0)
