@@ -25,4 +25,4 @@ PYTHON="$VENV/bin/python" bash scripts/gen_proto.sh --check
 echo "[test] ruff" >&2
 "$VENV/bin/ruff" check .
 echo "[test] pytest" >&2
-"$VENV/bin/pytest" -q ${lane[@]+"${lane[@]}"} "$@"
+"$VENV/bin/pytest" -q --durations=15 ${lane[@]+"${lane[@]}"} "$@"

@@ -113,9 +113,12 @@ class DecidingVerifier:
         nodes, proposed = self.plan()
         self.finish(self.free + self.c.target_s(nodes) + self.sc.propose_s * proposed)
 
-    def plan(self) -> tuple[int, int]:
+    def plan(self, propose: int | None = None, accept: float | None = None
+             ) -> tuple[int, int]:
         """The next pass, from `free` on: (nodes it scores, the verifier's proposals among
-        them). finish() ends it."""
+        them); propose: the most proposals a lone pass scores now (None: the scenario's,
+        which bounds it too), each accepted with probability `accept` (None: the
+        scenario's). finish() ends it."""
         self._receive()
         feed = self._live()
         if not feed and self.inbox and self.inbox[0].arrive - self.free <= self.sc.hold_s:
@@ -128,10 +131,11 @@ class DecidingVerifier:
             k += 1
             feed = feed[:k] + self._live_from(feed[k - 1] + 1)  # a hit's branch is fed too
         lone = not feed  # no draft: the verifier's own proposals, if any, are scored
-        proposed = self.sc.propose if lone else 0
+        proposed = min(self.sc.propose, self.sc.propose if propose is None else propose) \
+            if lone else 0
         if proposed:
             k = accepted_run(self.rng, min(proposed, self.sc.tokens - 1 - self.decided),
-                          self.sc.propose_accept)
+                             self.sc.propose_accept if accept is None else accept)
         self._planned = (feed, fed, k, lone)
         return 1 + fed + proposed, proposed
 
