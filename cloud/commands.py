@@ -40,7 +40,8 @@ def run_serve(args) -> int:
                           max_prompt_tokens=args.max_prompt_tokens, propose=args.propose),
             auth_tokens=_tokens(args.auth_token_file), tls_cert=args.tls_cert,
             tls_key=args.tls_key, metrics_port=args.metrics_port,
-            emulation=StepEmulation.parse(args.emulate_step_ms, args.emulate_dilate), grace_s=args.grace,
+            emulation=StepEmulation.parse(args.emulate_step_ms, args.emulate_dilate),
+            grace_s=args.grace,
             kernels=args.kernels, tp=topo.world if topo else 1, gap_drafter=args.gap_drafter,
             cloud_draft=DraftEmulation.parse(args.emulate_cloud_draft_ms),
             tp_heartbeat_s=args.tp_heartbeat_timeout)

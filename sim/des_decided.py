@@ -131,8 +131,8 @@ class DecidingVerifier:
             k += 1
             feed = feed[:k] + self._live_from(feed[k - 1] + 1)  # a hit's branch is fed too
         lone = not feed  # no draft: the verifier's own proposals, if any, are scored
-        proposed = min(self.sc.propose, self.sc.propose if propose is None else propose) \
-            if lone else 0
+        cap = self.sc.propose if propose is None else min(propose, self.sc.propose)
+        proposed = cap if lone else 0
         if proposed:
             k = accepted_run(self.rng, min(proposed, self.sc.tokens - 1 - self.decided),
                              self.sc.propose_accept if accept is None else accept)

@@ -103,6 +103,15 @@ def verifier(*extra: str) -> tuple[Proc, str]:
     return proc, m.group(1)
 
 
+def scrape(text: str, name: str, **labels: str) -> float:
+    """A sample's value in a /metrics page's Prometheus text (0 when absent: a label pair
+    never used)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and s.labels == labels)
+
+
 def generate_json(cloud: str, prompt: str, *flags: str) -> dict:
     """`acespec edge generate PROMPT --cloud CLOUD FLAGS... --json`: its answer, which must
     exit 0."""

@@ -13,18 +13,10 @@ pytest.importorskip("llama_cpp")
 
 from acespec.models import DEMO_DRAFTER  # noqa: E402
 
-from cli_harness import acespec, generate_json, verifier  # noqa: E402
+from cli_harness import acespec, generate_json, scrape, verifier  # noqa: E402
 from conftest import free_port  # noqa: E402
 
 PROMPT = "def fibonacci(n):"
-
-
-def _metric(text: str, name: str, **labels: str) -> float:
-    """A sample's value in Prometheus text (0 when absent: a label pair never used)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == name and s.labels == labels)
 
 
 @pytest.mark.slow
@@ -45,13 +37,13 @@ def test_a_gap_drafter_proposes_in_lone_passes_and_changes_no_token():
     assert st["verifier_proposed"] > 0 and st["gap_s"] > 0, st
     assert st["lone_tokens"] > st["lone_passes"]  # lone passes decide more than one token
     # Where the drafter does not pay, prompt lookup proposes instead (source="lookup").
-    scored = sum(_metric(metrics, "acespec_proposals_total", source=src, fate="scored")
+    scored = sum(scrape(metrics, "acespec_proposals_total", source=src, fate="scored")
                  for src in ("gap", "lookup"))
-    taken = sum(_metric(metrics, "acespec_proposals_total", source=src, fate="accepted")
+    taken = sum(scrape(metrics, "acespec_proposals_total", source=src, fate="accepted")
                 for src in ("gap", "lookup"))
     assert scored == st["verifier_proposed"] and taken == st["proposed_accepted"]
-    assert _metric(metrics, "acespec_proposals_total", source="gap", fate="scored") > 0
-    assert _metric(metrics, "acespec_gap_seconds_total") == pytest.approx(st["gap_s"], abs=1e-3)
+    assert scrape(metrics, "acespec_proposals_total", source="gap", fate="scored") > 0
+    assert scrape(metrics, "acespec_gap_seconds_total") == pytest.approx(st["gap_s"], abs=1e-3)
 
 
 @pytest.mark.parametrize("path, words", [

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_harness import Proc, acespec, verifier
+from cli_harness import Proc, acespec, scrape, verifier
 from conftest import free_port
 from process_guard import alive, children
 
@@ -67,18 +67,17 @@ def test_greedy_generate_through_tp2_equals_tp1(reference):
 
 @pytest.mark.slow
 def test_a_killed_rank_stops_the_server_and_the_edge_resumes_elsewhere(reference):
-    port = free_port()
+    port, mport = free_port(), free_port()
     addr = f"127.0.0.1:{port}"
     cloud = Proc("cloud", "serve", "--host", "127.0.0.1", "--port", str(port), "--tp", "2",
-                 "--emulate-step-ms", "120")  # slow passes: the session is live when it dies
+                 "--metrics-port", str(mport), "--emulate-step-ms", "200")  # slow passes
     with cloud:
         cloud.wait_for("listening on")
         worker = int(cloud.wait_for(r"started ranks 1\.\.1 \(pids (\d+)\)").group(1))
         statuses = watch_health(addr)
         with Proc("edge", "generate", "--cloud", addr, "--max-tokens", "40", "--temperature",
                   "0", "--json", "--mode", "acespec", PROMPT) as edge:
-            time.sleep(2.0)  # a few passes in
-            assert edge.p.poll() is None, edge.stderr
+            _wait_for_the_first_token(mport, edge)  # the session is live when its rank dies
             os.kill(worker, signal.SIGKILL)
             t0 = time.monotonic()
             code = cloud.p.wait(20)
@@ -199,6 +198,25 @@ def watch_health(addr: str):
         return seen
 
     return statuses
+
+
+def _wait_for_the_first_token(mport: int, edge: Proc, timeout: float = 120) -> None:
+    """Until the verifier's /metrics shows the edge's session has its first token and has
+    not finished."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert edge.p.poll() is None, edge.stderr[-2000:]
+        try:
+            page = httpx.get(f"http://127.0.0.1:{mport}/metrics", timeout=5).text
+        except httpx.TransportError:
+            page = ""
+        if scrape(page, "acespec_time_to_first_token_seconds_count", kind="decided"):
+            assert not scrape(page, "acespec_request_latency_seconds_count", kind="decided")
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no first token within {timeout} s:\n{edge.stderr[-2000:]}")
 
 
 def _ranks_alive(proc: Proc) -> bool:
