@@ -411,8 +411,7 @@ def run_load(cfg: LoadConfig, model_dir: str, drafter: str, prompts: list[str],
                                  f"{r['per_client_tok_s_p10']} tok/s, aggregate "
                                  f"{r['aggregate_tok_s']} tok/s ({r['all_live_tok_s']} "
                                  f"while all live), busy {r['verifier_busy']}, "
-                                 f"{r['requests_per_pass']} of {r['live_sessions']} sessions "
-                                 f"a pass, CPU {r['cpu_busy']}"
+                                 f"{_per_pass(r)}, CPU {r['cpu_busy']}"
                                  + (" (CPU-bound: not counted)" if r["cpu_bound"] else ""))
         return runs
 
@@ -465,6 +464,14 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
     row = point(mode, n, records, wall or time.perf_counter() - t0, meter.busy() - busy0,
                 meter.nodes() - nodes0, passes, live.mean(), cpu_busy, reach)
     return undilate(row, cfg.dilate)
+
+
+def _per_pass(row: dict) -> str:
+    """'R of L sessions a pass' for the progress line; a point too short for the sampler
+    has no live_sessions."""
+    live = row["live_sessions"]
+    return f"{row['requests_per_pass']} " + ("requests a pass" if live is None else
+                                            f"of {live} sessions a pass")
 
 
 class SessionSampler:

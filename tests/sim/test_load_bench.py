@@ -270,6 +270,7 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
         assert r["vs_all_live"] == pytest.approx(
             r["aggregate_tok_s"] / measured["all_live_tok_s"], abs=0.01)
     assert "vs_all_live" in p.stdout
+    assert p.stderr.count(" a pass, CPU ") == 8 and "None" not in p.stderr  # progress lines
 
 
 @pytest.mark.slow
