@@ -234,19 +234,22 @@ class Meter:
         """The verifier process's resident bytes now (a verifier process only)."""
         return self._counter("process_resident_memory_bytes")
 
-    def sessions(self) -> float:
-        """Sessions (and Generate calls) open at the verifier now."""
+    def sessions(self) -> tuple[float, float]:
+        """(sessions and Generate calls open at the verifier now, those of them whose
+        prompt a pass has yet to finish)."""
         if self.engine is not None:
-            return float(self.engine.active)
-        return self._counter("acespec_sessions_active")
+            return float(self.engine.active), float(self.engine.batcher.prefilling)
+        return self._counter("acespec_sessions_active", "acespec_sessions_prefilling")
 
-    def passes(self) -> tuple[float, float]:
-        """(passes so far, the requests they held, summed over the passes)."""
+    def passes(self) -> tuple[float, float, float]:
+        """(passes so far, the requests they held, of those the chunks of prompts; summed
+        over the passes)."""
         if self.engine is not None:
             m = self.engine.metrics
-            return (float(m.passes._value.get()), float(m.batch_sessions._sum.get())) \
-                if m else (0.0, 0.0)
-        return self._counter("acespec_passes_total", "acespec_batch_sessions_sum")
+            return (float(m.passes._value.get()), float(m.batch_sessions._sum.get()),
+                    float(m.prefill_chunks._value.get())) if m else (0.0, 0.0, 0.0)
+        return self._counter("acespec_passes_total", "acespec_batch_sessions_sum",
+                             "acespec_prefill_chunks_total")
 
 
 @contextlib.asynccontextmanager

@@ -180,17 +180,20 @@ class CpuMeter:
 # -- what the users saw: statistics and goodput --------------------------------------------
 
 def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: float,
-          nodes: float, passes: tuple[float, float] = (0.0, 0.0),
-          live_sessions: float | None = None, cpu_busy: float | None = None,
+          nodes: float, passes: tuple[float, ...] = (0.0, 0.0, 0.0),
+          live_sessions: tuple[float, float] | None = None, cpu_busy: float | None = None,
           reach: dict[float, float] | None = None) -> dict:
     """One (mode, N) row from its per-request records {client, tokens, seconds, ttft_s,
     lone_tokens (decided with no edge draft: the first token and the lone passes')}.
-    passes: the verifier's passes in the run and the requests they held (summed).
+    passes: the verifier's passes in the run, the requests they held and of those the
+    chunks of prompts (summed): decode_requests_per_pass counts the rest.
     edge_pass_tokens: the share of tokens decided in passes that held an edge draft (None
     where the verifier decides no session: ar); edge_drafts_scored: the share of the edges'
     drafts that reached a pass before their positions were decided (from the records'
-    drafts_received and drafts_scored; None where the edges sent none). live_sessions: the sessions open at the
-    verifier, on average over the point; cpu_busy: the machine's busy fraction over it (a
+    drafts_received and drafts_scored; None where the edges sent none). live_sessions: the
+    sessions open at the verifier and those of them whose prompt was not yet prefilled, on
+    average over the point (SessionSampler): the row's live_sessions and decoding_sessions
+    (open, less prefilling); cpu_busy: the machine's busy fraction over it (a
     row above CPU_BOUND is cpu_bound: it measured the testbed's CPU, not the device).
     reach: the edges' Grow messages the verifier applied during the point by reach,
     cumulative ({le: count}, Meter.reach): edge_grows_ahead is the share that reached past
@@ -221,7 +224,11 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
             "nodes_per_token": round(nodes / max(1, tokens), 2),
             "passes_per_s": round(passes[0] / wall_s, 2) if wall_s > 0 else None,
             "requests_per_pass": round(passes[1] / passes[0], 2) if passes[0] else None,
-            "live_sessions": None if live_sessions is None else round(live_sessions, 2),
+            "live_sessions": None if live_sessions is None else round(live_sessions[0], 2),
+            "decode_requests_per_pass": round((passes[1] - passes[2]) / passes[0], 2)
+            if passes[0] else None,
+            "decoding_sessions": None if live_sessions is None
+            else round(live_sessions[0] - live_sessions[1], 2),
             "edge_pass_tokens": edge, "edge_drafts_scored": scored,
             **_reach(reach or {}),
             "cpu_busy": cpu_busy,
@@ -329,7 +336,7 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
 KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
         "ttft_p90_s", "aggregate_tok_s", "all_live_tok_s", "all_live_s", "verifier_busy",
         "verifier_s_per_1k_tokens", "nodes_per_token", "passes_per_s", "requests_per_pass",
-        "live_sessions", "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead",
+        "live_sessions", "decode_requests_per_pass", "decoding_sessions", "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead",
         "edge_grow_reach_p50", "reconnects", "cpu_busy")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
                   "aggregate_tok_s", "vs_aggregate", "vs_all_live", "verifier_busy",
@@ -442,11 +449,12 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         # Lowered at once: the process loads its drafter for seconds before its clients start.
         os.setpriority(os.PRIO_PROCESS, workers[-1].pid, cfg.edge_nice)
+    # The verifier's counters before any client starts (a scrape takes a while; the first
+    # prompt must not be prefilled meanwhile), the machine's and the sessions' from then on.
+    busy0, nodes0, passes0, reach0 = meter.busy(), meter.nodes(), meter.passes(), meter.reach()
     while time.time() < start_at:
         time.sleep(0.01)
-    busy0, nodes0, passes0, t0 = meter.busy(), meter.nodes(), meter.passes(), time.perf_counter()
-    reach0 = meter.reach()
-    cpu, live = CpuMeter(), SessionSampler(meter)
+    t0, cpu, live = time.perf_counter(), CpuMeter(), SessionSampler(meter)
     records = []
     try:
         for w in workers:
@@ -467,16 +475,19 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
 
 
 def _per_pass(row: dict) -> str:
-    """'R of L sessions a pass' for the progress line; a point too short for the sampler
-    has no live_sessions."""
-    live = row["live_sessions"]
-    return f"{row['requests_per_pass']} " + ("requests a pass" if live is None else
-                                            f"of {live} sessions a pass")
+    """'R of L sessions a pass (D of E decoding)' for the progress line; a point too short
+    for the sampler has no live_sessions."""
+    live, decode = row["live_sessions"], row["decode_requests_per_pass"]
+    if live is None:
+        return f"{row['requests_per_pass']} requests a pass ({decode} decoding)"
+    return (f"{row['requests_per_pass']} of {live} sessions a pass ({decode} of "
+            f"{row['decoding_sessions']} decoding)")
 
 
 class SessionSampler:
-    """The verifier's open sessions, read from its metrics every SAMPLE_S in a thread while
-    a point runs; their mean is the point's live_sessions."""
+    """The verifier's open sessions and those of them prefilling (Meter.sessions), read
+    from its metrics every SAMPLE_S in a thread while a point runs; their means are the
+    point's live_sessions."""
 
     SAMPLE_S = 0.25
 
@@ -495,8 +506,12 @@ class SessionSampler:
         self._stop.set()
         self._thread.join()
 
-    def mean(self) -> float | None:
-        return sum(self.samples) / len(self.samples) if self.samples else None
+    def mean(self) -> tuple[float, float] | None:
+        """(open, prefilling) on average; None before the first sample."""
+        if not self.samples:
+            return None
+        return (sum(o for o, _ in self.samples) / len(self.samples),
+                sum(p for _, p in self.samples) / len(self.samples))
 
 
 # -- one edge process: its clients as tasks -------------------------------------------------

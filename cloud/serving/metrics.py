@@ -54,6 +54,7 @@ class Metrics:
     passes: object
     batch_nodes: object
     batch_sessions: object
+    prefill_chunks: object
     message_bytes: object
     errors: object
     allreduce_bytes: object
@@ -72,6 +73,7 @@ class Metrics:
     latency: object
     queue_wait: object
     sessions_waiting: object
+    sessions_prefilling: object
     draft_tokens: object
     grow_reach: object
     kv_blocks_used: object
@@ -96,6 +98,8 @@ class Metrics:
                                   buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)),
             batch_sessions=Histogram("acespec_batch_sessions", "Requests per pass",
                                      registry=r, buckets=(1, 2, 4, 8, 16, 32, 64)),
+            prefill_chunks=Counter("acespec_prefill_chunks", "Of the passes' requests, "
+                                   "chunks of prompts (the rest decode)", registry=r),
             message_bytes=Counter("acespec_message_bytes", "Serialized protobuf bytes",
                                   ["direction"], registry=r),
             errors=Counter("acespec_errors", "Sessions ended by an error", ["code"], registry=r),
@@ -143,6 +147,9 @@ class Metrics:
                                  buckets=WAIT_BUCKETS, registry=r),
             sessions_waiting=Gauge("acespec_sessions_waiting", "Sequences with a request "
                                    "queued that no pass has started", registry=r),
+            sessions_prefilling=Gauge("acespec_sessions_prefilling", "Sequences whose "
+                                      "prompt a pass has yet to finish (open, not decoding "
+                                      "yet)", registry=r),
             grow_reach=Histogram("acespec_edge_grow_reach", "How many positions past the "
                                  "decided end an edge's Grow message reaches when the "
                                  "verifier applies it (<= 0: every position it drafts was "
@@ -194,6 +201,7 @@ class Metrics:
         (acespec.cloud.verify.engine.Engine)."""
         model, batcher = engine.model, engine.batcher
         self.sessions_waiting.set_function(lambda: batcher.waiting)
+        self.sessions_prefilling.set_function(lambda: batcher.prefilling)
         pool = model.pool  # made now, on the serving thread, not by a scrape
         self.kv_blocks_allocated.set_function(lambda: pool.n_blocks)
         self.kv_blocks_used.set_function(lambda: pool.n_blocks - len(pool.free_blocks))
@@ -267,6 +275,7 @@ class Metrics:
         self.nodes_scored.inc(stats.nodes)
         self.batch_nodes.observe(stats.nodes)
         self.batch_sessions.observe(stats.sessions)
+        self.prefill_chunks.inc(stats.prefills)
         for wait in stats.waits:
             self.queue_wait.observe(wait)
 

@@ -62,6 +62,7 @@ class PassStats:
     nodes: int
     seconds: float
     prefill: int = 0  # of the nodes, prompt tokens (chunks of prefills)
+    prefills: int = 0  # of the requests, chunks of prompts
     waits: tuple[float, ...] = ()  # seconds each request this pass starts had waited
     clients: dict[str, int] = field(default_factory=dict)  # nodes per client in the pass
 
@@ -465,7 +466,7 @@ class Batcher:
         self.busy_s += seconds
         self.sharing = SHARING_DECAY * self.sharing + (1 - SHARING_DECAY) * len(chunks)
         self.cost.observe(nodes, seconds)
-        prefill = sum(len(c.tokens) for job, c in plan if job.prefill)
+        prompts = [c for job, c in plan if job.prefill]
         self._on_clients(clients, time.perf_counter())  # the loop plans only between passes
         for i, ((job, chunk), res) in enumerate(zip(plan, results)):
             if not isinstance(res, BaseException):
@@ -481,13 +482,21 @@ class Batcher:
                     job.rows.append(res)
             plan[i] = (job, res)
         if self.on_pass:
-            self.on_pass(PassStats(len(chunks), nodes, seconds, prefill, waits, clients))
+            self.on_pass(PassStats(len(chunks), nodes, seconds,
+                                   prefill=sum(len(c.tokens) for c in prompts),
+                                   prefills=len(prompts), waits=waits, clients=clients))
 
     @property
     def waiting(self) -> int:
         """Sequences with a request queued that no pass has started (read by the
         metrics' thread)."""
         return len({j.key for j in list(self._jobs) if j.start < 0})
+
+    @property
+    def prefilling(self) -> int:
+        """Sequences whose prompt a pass has yet to finish (read by the metrics' thread):
+        open, but not decoding yet."""
+        return len({j.key for j in list(self._jobs) if j.prefill})
 
     @property
     def executor(self) -> ThreadPoolExecutor:

@@ -172,7 +172,8 @@ def test_new_clients_prompts_go_whole_beside_decoding_ones(tiny_pair):
 def test_a_long_prompt_is_prefilled_in_chunks_beside_a_decoding_session(tiny_pair):
     """A 700-token prompt arrives while another session decodes one token a pass: it goes in
     chunks within the prefill budget, the decoding session is in every pass, and the
-    prompt's last logits equal a whole prefill's."""
+    prompt's last logits equal a whole prefill's. Until its last chunk its sequence counts
+    as prefilling, and each pass counts its chunk apart from the decoding request."""
     _, model, _ = tiny_pair
     rng = random.Random(1)
     prompt = [rng.randrange(model.args.vocab_size) for _ in range(700)]
@@ -186,6 +187,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_a_decoding_session(tiny_pai
 
         async def decode():
             while not stop.is_set():
+                prefilling.append(b.prefilling)
                 await b.score(Request([5], decoding))
 
         task = asyncio.create_task(decode())
@@ -193,10 +195,12 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_a_decoding_session(tiny_pai
         logits = await b.score(Request(prompt, model.new_cache(), None, last_only=True))
         stop.set()
         await task
+        after = b.prefilling
         await b.close()
-        return logits, b.stats
+        return logits, b.stats, after
 
-    logits, stats = run(go())
+    prefilling: list[int] = []
+    logits, stats, after = run(go())
     whole = model(prompt, model.new_cache(), last_only=True)
     assert torch.allclose(logits, whole, atol=TOL)
     budget = int(PREFILL_SLACK * (0.040 + 0.0005) / 0.0005)
@@ -204,6 +208,8 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_a_decoding_session(tiny_pai
     assert sum(chunks) == len(prompt) and len(chunks) >= len(prompt) // budget
     assert max(chunks) <= budget
     assert all(s.nodes > s.prefill for s in stats if s.prefill)  # the decode went along
+    assert [(s.sessions, s.prefills) for s in stats if s.prefill] == [(2, 1)] * len(chunks)
+    assert max(prefilling) == 1 and after == 0
 
 
 def test_a_prompt_alone_goes_in_large_chunks(tiny_pair):

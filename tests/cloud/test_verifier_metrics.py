@@ -111,6 +111,9 @@ def test_each_kind_of_call_is_timed_and_its_drafts_counted(target):
     # Every request to the target waited for a pass once, before its first chunk.
     assert value(page, "acespec_queue_wait_seconds_count") >= 6 + 1 + 2
     assert value(page, "acespec_sessions_waiting") == 0
+    # Three prompts, short: a chunk each, and none is left to prefill.
+    assert value(page, "acespec_prefill_chunks_total") == 3
+    assert value(page, "acespec_sessions_prefilling") == 0
     # The edge's drafts: the edge-decided session's 3 nodes and 2 commits, the decided
     # session's as its own account says; the verifier's proposals likewise.
     edge_scored = value(page, "acespec_draft_tokens_total", source="edge", fate="scored")

@@ -39,7 +39,7 @@ def test_a_point_summarises_its_clients():
     recs = _records([10.0] * 9 + [2.0]) + [{"client": 0, "tokens": 64, "seconds": 6.4,
                                            "ttft_s": 3.0, "end": 0.0}]
     row = point("acespec", 10, recs, wall_s=40.0, busy_s=30.0, nodes=1408,
-                passes=(800.0, 5600.0))
+                passes=(800.0, 5600.0, 800.0), live_sessions=(9.0, 1.5))
     assert row["per_client_tok_s_p50"] == 10.0
     assert row["per_client_tok_s_p10"] == pytest.approx(9.2)  # numpy's linear percentile
     assert row["tokens"] == 704 and row["aggregate_tok_s"] == 17.6
@@ -47,6 +47,8 @@ def test_a_point_summarises_its_clients():
     assert row["verifier_s_per_1k_tokens"] == round(1000 * 30 / 704, 2)
     assert row["ttft_p90_s"] == 0.3  # 10 of the 11 generations started in 0.3 s
     assert row["passes_per_s"] == 20.0 and row["requests_per_pass"] == 7.0
+    assert row["decode_requests_per_pass"] == 6.0  # a prompt's chunk in every pass
+    assert row["live_sessions"] == 9.0 and row["decoding_sessions"] == 7.5
     assert row["edge_pass_tokens"] is None  # records without the verifier's account: ar's
     for r in recs:
         r["lone_tokens"] = 16
@@ -106,9 +108,9 @@ def test_a_cpu_bound_row_is_marked_and_does_not_count():
     """A row whose machine was busier than CPU_BOUND measured the testbed, not the device:
     marked in the table and left out of the goodput."""
     runs = [point("ar", 1, _records([20.0]), 3.2, 3.0, 64, cpu_busy=0.3),
-            point("acespec", 4, _records([40.0] * 4), 2.0, 1.9, 256, live_sessions=3.9,
+            point("acespec", 4, _records([40.0] * 4), 2.0, 1.9, 256, live_sessions=(3.9, 0.0),
                   cpu_busy=0.5),
-            point("acespec", 8, _records([40.0] * 8), 2.2, 2.1, 512, live_sessions=7.6,
+            point("acespec", 8, _records([40.0] * 8), 2.2, 2.1, 512, live_sessions=(7.6, 0.0),
                   cpu_busy=0.93)]
     assert [r["cpu_bound"] for r in runs] == [False, False, True]
     assert runs[1]["live_sessions"] == 3.9 and runs[2]["cpu_busy"] == 0.93
@@ -136,13 +138,14 @@ def test_dilation_scales_the_emulated_world_and_reports_it_undilated():
     assert flags[flags.index("--emulate-step-ms") + 1] == "100,0.4,256"
     # A dilated run measures K times slower rates and K times longer times
     row = point("acespec", 2, _records([10.0, 10.0], ttft=0.8), 12.8, 6.4, 256,
-                passes=(40.0, 80.0), live_sessions=2.0)
+                passes=(40.0, 80.0, 2.0), live_sessions=(2.0, 0.1))
     back = undilate(row, 4)
     assert back["per_client_tok_s_p50"] == 40.0 and back["aggregate_tok_s"] == 40.0
     assert back["ttft_p90_s"] == 0.2 and back["passes_per_s"] == pytest.approx(12.5, abs=0.05)
     assert back["verifier_s_per_1k_tokens"] == pytest.approx(row["verifier_s_per_1k_tokens"] / 4,
                                                              abs=1e-3)
-    for key in ("verifier_busy", "requests_per_pass", "live_sessions", "nodes_per_token"):
+    for key in ("verifier_busy", "requests_per_pass", "live_sessions", "nodes_per_token",
+                "decode_requests_per_pass", "decoding_sessions"):
         assert back[key] == row[key]  # fractions and counts do not dilate
     assert undilate(row, 1) is row
     with pytest.raises(ValueError, match="--dilate"):
@@ -237,6 +240,7 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
         assert r["per_client_tok_s_p10"] > 0 and 0 < r["verifier_busy"] <= 1
         assert r["verifier_s_per_1k_tokens"] > 0 and r["nodes_per_token"] >= 1
         assert r["passes_per_s"] > 0 and 1 <= r["requests_per_pass"] <= n  # a sequence each
+        assert 0 < r["decode_requests_per_pass"] < r["requests_per_pass"], (mode, n, r)
         if n == 1:  # its 11 tokens after the first, over its own span
             assert 0 < r["all_live_tok_s"] <= 11 * r["per_client_tok_s_p50"], (mode, r)
     assert rows["ar", 1]["edge_pass_tokens"] is None  # no session the verifier decides
@@ -270,7 +274,7 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
         assert r["vs_all_live"] == pytest.approx(
             r["aggregate_tok_s"] / measured["all_live_tok_s"], abs=0.01)
     assert "vs_all_live" in p.stdout
-    assert p.stderr.count(" a pass, CPU ") == 8 and "None" not in p.stderr  # progress lines
+    assert p.stderr.count(" decoding), CPU ") == 8 and "None" not in p.stderr  # progress lines
 
 
 @pytest.mark.slow
