@@ -182,7 +182,8 @@ class CpuMeter:
 def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: float,
           nodes: float, passes: tuple[float, ...] = (0.0, 0.0, 0.0),
           live_sessions: tuple[float, float] | None = None, cpu_busy: float | None = None,
-          reach: dict[float, float] | None = None) -> dict:
+          reach: dict[float, float] | None = None,
+          busy_at: list[tuple[float, float]] | None = None) -> dict:
     """One (mode, N) row from its per-request records {client, tokens, seconds, ttft_s,
     lone_tokens (decided with no edge draft: the first token and the lone passes')}.
     passes: the verifier's passes in the run, the requests they held and of those the
@@ -201,7 +202,8 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     the last; negative: that many positions behind the end); None where the edges sent
     none.
     all_live_tok_s: the aggregate while every client was in its run, all_live_s seconds
-    (all_live)."""
+    (all_live), and all_live_busy the verifier's busy fraction then, from busy_at: samples of
+    (wall clock, the verifier's busy seconds so far) around the point (busy_between)."""
     per_client = {}
     for r in records:
         tok, sec = per_client.get(r["client"], (0, 0.0))
@@ -214,12 +216,15 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     sent = sum(r.get("drafts_received") or 0 for r in records)
     scored = round(sum(r.get("drafts_scored") or 0 for r in records) / sent, 3) if sent else None
     live_rate, live_s = all_live(records)
+    span = live_span(records)
+    live_busy = busy_between(busy_at or [], *span) if span else None
     return {"mode": mode, "clients": clients,
             "per_client_tok_s_p50": _pct(rates, 50), "per_client_tok_s_p10": _pct(rates, 10),
             "ttft_p50_s": _pct(ttft, 50, 3), "ttft_p90_s": _pct(ttft, 90, 3),
             "aggregate_tok_s": round(tokens / wall_s, 2) if wall_s > 0 else 0.0,
             "all_live_tok_s": live_rate, "all_live_s": live_s,
             "verifier_busy": round(min(1.0, busy_s / wall_s), 3) if wall_s > 0 else None,
+            "all_live_busy": live_busy,
             "verifier_s_per_1k_tokens": round(1000 * busy_s / max(1, tokens), 2),
             "nodes_per_token": round(nodes / max(1, tokens), 2),
             "passes_per_s": round(passes[0] / wall_s, 2) if wall_s > 0 else None,
@@ -239,29 +244,47 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
 
 def all_live(records: list[dict]) -> tuple[float | None, float | None]:
     """(tokens per second, seconds) over the span in which every client was in its run
-    (had its first token, not yet its last): from the latest of the clients' first tokens
-    to the earliest of their last ones (over all of a client's generations),
-    counting the tokens that arrived within it, from each record's `token_times` (the wall
-    clock at each token). The aggregate without a run's start (its prompts crossing their
-    links) and its tail (the clients that finished early no longer there to fill a pass).
-    (None, None) where the records carry no times, or the clients' spans share no time."""
+    (live_span), counting the tokens that arrived within it, from each record's
+    `token_times` (the wall clock at each token). The aggregate without a run's start (its
+    prompts crossing their links) and its tail (the clients that finished early no longer
+    there to fill a pass). (None, None) where there is no such span."""
+    span = live_span(records)
+    if span is None:
+        return None, None
+    start, end = span
+    times = [t for r in records for t in r.get("token_times") or ()]
+    return round(sum(start < t <= end for t in times) / (end - start), 2), round(end - start, 3)
+
+
+def live_span(records: list[dict]) -> tuple[float, float] | None:
+    """(start, end), wall clock: from the latest of the clients' first tokens to the
+    earliest of their last ones (over all of a client's generations). None where the
+    records carry no times, or the clients' spans share no time."""
     spans: dict[int, tuple[float, float]] = {}
-    times: list[float] = []
     for r in records:
         t = r.get("token_times")
         if not t:
             if r.get("tokens"):
-                return None, None  # a generation without its times: no span to read
+                return None  # a generation without its times: no span to read
             continue
         first, last = spans.get(r["client"], (math.inf, -math.inf))
         spans[r["client"]] = (min(first, t[0]), max(last, t[-1]))
-        times += t
     if not spans:
-        return None, None
+        return None
     start, end = max(a for a, _ in spans.values()), min(b for _, b in spans.values())
-    if end <= start:
-        return None, None
-    return round(sum(start < t <= end for t in times) / (end - start), 2), round(end - start, 3)
+    return (start, end) if end > start else None
+
+
+def busy_between(samples: list[tuple[float, float]], start: float, end: float
+                 ) -> float | None:
+    """The verifier's busy fraction from start to end (wall clock), from samples of (wall
+    clock, its busy seconds so far), each end read off the line between the samples around
+    it. None unless the samples surround the span."""
+    if len(samples) < 2 or not samples[0][0] <= start < end <= samples[-1][0]:
+        return None
+    times, busy = zip(*samples)
+    at_start, at_end = np.interp([start, end], times, busy)
+    return round(min(1.0, max(0.0, (at_end - at_start) / (end - start))), 3)
 
 
 def _pct(values: list[float], q: float, digits: int = 2) -> float | None:
@@ -334,7 +357,7 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
 
 
 KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
-        "ttft_p90_s", "aggregate_tok_s", "all_live_tok_s", "all_live_s", "verifier_busy",
+        "ttft_p90_s", "aggregate_tok_s", "all_live_tok_s", "all_live_s", "verifier_busy", "all_live_busy",
         "verifier_s_per_1k_tokens", "nodes_per_token", "passes_per_s", "requests_per_pass",
         "live_sessions", "decode_requests_per_pass", "decoding_sessions", "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead",
         "edge_grow_reach_p50", "reconnects", "cpu_busy")
@@ -414,12 +437,7 @@ def run_load(cfg: LoadConfig, model_dir: str, drafter: str, prompts: list[str],
                             run_point, cfg, mode, n, host, port, meter, world, drafter,
                             prompts))
                         r = runs[-1]
-                        progress(f"  per client p50 {r['per_client_tok_s_p50']} / p10 "
-                                 f"{r['per_client_tok_s_p10']} tok/s, aggregate "
-                                 f"{r['aggregate_tok_s']} tok/s ({r['all_live_tok_s']} "
-                                 f"while all live), busy {r['verifier_busy']}, "
-                                 f"{_per_pass(r)}, CPU {r['cpu_busy']}"
-                                 + (" (CPU-bound: not counted)" if r["cpu_bound"] else ""))
+                        progress(_progress(r))
         return runs
 
     runs = asyncio.run(main())
@@ -470,8 +488,21 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
     passes = tuple(b - a for a, b in zip(passes0, meter.passes()))
     reach = {le: count - reach0.get(le, 0.0) for le, count in meter.reach().items()}
     row = point(mode, n, records, wall or time.perf_counter() - t0, meter.busy() - busy0,
-                meter.nodes() - nodes0, passes, live.mean(), cpu_busy, reach)
+                meter.nodes() - nodes0, passes, live.mean(), cpu_busy, reach, live.busy_at)
     return undilate(row, cfg.dilate)
+
+
+def _progress(r: dict) -> str:
+    """A point's line on stderr."""
+    live = r["all_live_tok_s"] is not None
+    return (f"  per client p50 {r['per_client_tok_s_p50']} / p10 {r['per_client_tok_s_p10']} "
+            f"tok/s, aggregate {r['aggregate_tok_s']} tok/s"
+            + (f" ({r['all_live_tok_s']} while all live)" if live else "")
+            + f", busy {r['verifier_busy']}"
+            + (f" ({r['all_live_busy']} while all live)" if r["all_live_busy"] is not None
+               else "")
+            + f", {_per_pass(r)}, CPU {r['cpu_busy']}"
+            + (" (CPU-bound: not counted)" if r["cpu_bound"] else ""))
 
 
 def _per_pass(row: dict) -> str:
@@ -487,24 +518,33 @@ def _per_pass(row: dict) -> str:
 class SessionSampler:
     """The verifier's open sessions and those of them prefilling (Meter.sessions), read
     from its metrics every SAMPLE_S in a thread while a point runs; their means are the
-    point's live_sessions."""
+    point's live_sessions. Its busy seconds too, with the wall clock (busy_at: also at the
+    start and the stop), for its busy fraction over a part of the point."""
 
     SAMPLE_S = 0.25
 
     def __init__(self, meter):
         self.meter, self.samples = meter, []
+        self.busy_at: list[tuple[float, float]] = []
+        self._read_busy()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
+
+    def _read_busy(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.busy_at.append((time.time(), self.meter.busy()))
 
     def _run(self) -> None:
         while not self._stop.wait(self.SAMPLE_S):
             with contextlib.suppress(OSError, ValueError):
                 self.samples.append(self.meter.sessions())
+            self._read_busy()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        self._read_busy()
 
     def mean(self) -> tuple[float, float] | None:
         """(open, prefilling) on average; None before the first sample."""

@@ -80,8 +80,14 @@ def test_the_all_live_aggregate_counts_the_tokens_while_every_client_generates()
     b2 = {"client": 1, "tokens": 3, "token_times": [4.0, 5.0, 6.0]}
     assert all_live([a, b1, b2]) == (2.0, 4.0)
     recs = [{**r, "seconds": 1.0, "ttft_s": 0.1, "end": 0.0} for r in (a, b1, b2)]
-    row = point("acespec", 2, recs, 10.0, 5.0, 20)
+    # The verifier idle for the first 2 s, then busy 0.9 of each second: 0.9 while all live
+    busy_at = [(0.0, 0.0)] + [(t, 0.9 * (t - 2.0)) for t in (2.0, 2.5, 4.5, 7.0, 11.0)]
+    row = point("acespec", 2, recs, 10.0, 5.0, 20, busy_at=busy_at)
     assert row["all_live_tok_s"] == 2.0 and row["all_live_s"] == 4.0
+    assert row["all_live_busy"] == 0.9 and row["verifier_busy"] == 0.5
+    assert point("acespec", 2, recs, 10.0, 5.0, 20, busy_at=busy_at[2:])["all_live_busy"] \
+        is None  # the samples do not reach back to the span's start
+    assert point("acespec", 2, recs, 10.0, 5.0, 20)["all_live_busy"] is None
     assert all_live([a]) == (1.0, 9.0)  # one client: its own span, its first token left out
     late = {"client": 2, "tokens": 2, "token_times": [11.0, 12.0]}  # starts after a ends
     assert all_live([a, late]) == (None, None)
@@ -243,6 +249,8 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
         assert 0 < r["decode_requests_per_pass"] < r["requests_per_pass"], (mode, n, r)
         if n == 1:  # its 11 tokens after the first, over its own span
             assert 0 < r["all_live_tok_s"] <= 11 * r["per_client_tok_s_p50"], (mode, r)
+        assert (r["all_live_busy"] is None) == (r["all_live_tok_s"] is None), (mode, n, r)
+        assert r["all_live_busy"] is None or 0 < r["all_live_busy"] <= 1
     assert rows["ar", 1]["edge_pass_tokens"] is None  # no session the verifier decides
     assert rows["colo", 2]["edge_pass_tokens"] == 0.0  # its edges draft nothing
     assert 0 <= rows["acespec", 1]["edge_pass_tokens"] <= 1
