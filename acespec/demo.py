@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -110,17 +111,20 @@ def run(args) -> int:
             wait_port(link, lk, "link emulator", 30)
             wait_port(cloud, v, "verifier")
             figures = asyncio.run(_generate(args, f"127.0.0.1:{link}"))
+            code = 0
         except KeyboardInterrupt:
             print("\n[demo] interrupted; cleaning up", file=sys.stderr)
-            return 130
+            code = 130
         except ModelFileError as e:  # the drafter's file
             print(f"acespec demo: error: {e}", file=sys.stderr)
-            return 2
-        except (RuntimeError, ConnectionError, OSError) as e:
+            code = 2
+        except (RuntimeError, ConnectionError, OSError) as e:  # the logs stay, to read
             print(f"acespec demo: error: {e} (logs in {logs})", file=sys.stderr)
             return 1
-    _table(figures, label, args.emulate_step_ms)
-    return 0
+    shutil.rmtree(logs, ignore_errors=True)  # the children's logs, once they are gone
+    if code == 0:
+        _table(figures, label, args.emulate_step_ms)
+    return code
 
 
 async def _generate(args, addr: str) -> dict:

@@ -10,7 +10,9 @@ harnesses (cli_harness, verifier_harness) and the process-leak guard (process_gu
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -29,6 +31,7 @@ os.environ.setdefault("PYTHONSAFEPATH", "1")
 # $XDG_CONFIG_HOME): point them at an empty folder, so a developer's own settings never change
 # what a test runs. Tests of the settings file give their own.
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="acespec-test-config-")
+atexit.register(shutil.rmtree, os.environ["XDG_CONFIG_HOME"], ignore_errors=True)
 
 # CI must be reproducible: the same examples on every run.
 settings.register_profile("acespec", derandomize=True, database=None)
