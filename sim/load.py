@@ -215,8 +215,8 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     edge = None if not records or None in lone else round(1 - sum(lone) / max(1, tokens), 2)
     sent = sum(r.get("drafts_received") or 0 for r in records)
     scored = round(sum(r.get("drafts_scored") or 0 for r in records) / sent, 3) if sent else None
-    live_rate, live_s = all_live(records)
     span = live_span(records)
+    live_rate, live_s = all_live(records, span)
     live_busy = busy_between(busy_at or [], *span) if span else None
     return {"mode": mode, "clients": clients,
             "per_client_tok_s_p50": _pct(rates, 50), "per_client_tok_s_p10": _pct(rates, 10),
@@ -242,13 +242,14 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
             "tokens": tokens, "requests": len(records)}
 
 
-def all_live(records: list[dict]) -> tuple[float | None, float | None]:
+def all_live(records: list[dict], span: tuple[float, float] | None = None
+             ) -> tuple[float | None, float | None]:
     """(tokens per second, seconds) over the span in which every client was in its run
-    (live_span), counting the tokens that arrived within it, from each record's
+    (live_span, unless the caller has it), counting the tokens that arrived within it, from each record's
     `token_times` (the wall clock at each token). The aggregate without a run's start (its
     prompts crossing their links) and its tail (the clients that finished early no longer
     there to fill a pass). (None, None) where there is no such span."""
-    span = live_span(records)
+    span = span or live_span(records)
     if span is None:
         return None, None
     start, end = span
@@ -357,10 +358,11 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
 
 
 KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
-        "ttft_p90_s", "aggregate_tok_s", "all_live_tok_s", "all_live_s", "verifier_busy", "all_live_busy",
-        "verifier_s_per_1k_tokens", "nodes_per_token", "passes_per_s", "requests_per_pass",
-        "live_sessions", "decode_requests_per_pass", "decoding_sessions", "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead",
-        "edge_grow_reach_p50", "reconnects", "cpu_busy")
+        "ttft_p90_s", "aggregate_tok_s", "all_live_tok_s", "all_live_s", "verifier_busy",
+        "all_live_busy", "verifier_s_per_1k_tokens", "nodes_per_token", "passes_per_s",
+        "requests_per_pass", "live_sessions", "decode_requests_per_pass", "decoding_sessions",
+        "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead", "edge_grow_reach_p50",
+        "reconnects", "cpu_busy")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
                   "aggregate_tok_s", "vs_aggregate", "vs_all_live", "verifier_busy",
                   "nodes_per_token")
