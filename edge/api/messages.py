@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from acespec.edge.api import json_text
 from acespec.edge.api.errors import ApiError, text
 from acespec.edge.api.params import is_off, off_values
 
@@ -75,7 +76,7 @@ def _call_text(call, at: str) -> str:
         raise ApiError(400, f"'{at}' must be {{id, type: function, function: {{name, "
                        "arguments}}}}", at)
     try:
-        arguments = json.loads(f.get("arguments") or "{}")
+        arguments = json_text.loads(f.get("arguments") or "{}")
     except (TypeError, ValueError):
         raise ApiError(400, f"'{at}.function.arguments' must be a JSON text",
                        f"{at}.function.arguments") from None

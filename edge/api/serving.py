@@ -11,6 +11,7 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from acespec.edge.api import json_text
 from acespec.edge.api.openai_types import ApiError, CompletionRequest
 from acespec.edge.api.service import ShuttingDown
 from acespec.edge.client import VerifierUnfit
@@ -24,13 +25,13 @@ SHUTDOWN = ApiError(503, "the server is shutting down; retry elsewhere or later"
 
 async def read_json(request: Request):
     try:
-        return await request.json()
+        return json_text.loads(await request.body())
     except UnicodeDecodeError as e:
         raise ApiError(400, f"request body is not valid UTF-8 (byte {e.start})") from None
+    except json_text.TooDeep as e:
+        raise ApiError(400, f"request body is not valid JSON: {e}") from None
     except ValueError:  # JSONDecodeError, or an over-long integer
         raise ApiError(400, "request body is not valid JSON") from None
-    except RecursionError:
-        raise ApiError(400, "request body is not valid JSON: nested too deeply") from None
 
 
 class ClientGone(Exception):

@@ -17,6 +17,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from acespec.edge.api import json_text
 from acespec.edge.api.errors import ApiError
 from acespec.proto.codec import MAX_GRAMMAR_CHARS
 from acespec.shared.grammar import GrammarError, check_generates, json_grammar, new_matcher
@@ -253,7 +254,7 @@ def tool_calls(text: str, tools: Tools) -> list[dict] | None:
     if not text.startswith("{"):
         return None
     try:
-        call = json.loads(text)
+        call = json_text.loads(text)
     except ValueError:
         return None
     if not isinstance(call, dict) or call.get("name") not in {s["name"] for s in tools.specs}:

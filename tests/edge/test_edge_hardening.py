@@ -578,13 +578,23 @@ def test_hostile_bodies_are_400(stack):
             usage_str = await http.post("/v1/completions", json={
                 "model": "tiny", "prompt": "x", "max_tokens": 2, "stream": True,
                 "stream_options": {"include_usage": "yes"}})
-            return deep, string_false, usage_str
+            deep_call = {"id": "c", "type": "function",
+                         "function": {"name": "f", "arguments": "[" * 100_000}}
+            deep_args = await http.post("/v1/chat/completions", json={
+                "model": "tiny", "max_tokens": 2, "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": None, "tool_calls": [deep_call]}]})
+            return deep, string_false, usage_str, deep_args
 
-    deep, string_false, usage_str = run(go())
-    assert deep.status_code == 400 and "JSON" in deep.json()["error"]["message"]
+    deep, string_false, usage_str, deep_args = run(go())
+    assert deep.status_code == 400
+    assert deep.json()["error"]["message"] == (
+        "request body is not valid JSON: nested deeper than 128 levels")
     assert string_false.status_code == 400 and string_false.json()["error"]["param"] == "stream"
     assert "boolean" in string_false.json()["error"]["message"]
     assert usage_str.status_code == 400
+    assert deep_args.status_code == 400
+    assert deep_args.json()["error"]["param"] == "messages[1].tool_calls[0].function.arguments"
 
 
 def test_disconnected_non_streaming_client_cancels_its_generation(stack):
