@@ -241,15 +241,17 @@ class Meter:
             return float(self.engine.active), float(self.engine.batcher.prefilling)
         return self._counter("acespec_sessions_active", "acespec_sessions_prefilling")
 
-    def passes(self) -> tuple[float, float, float]:
+    def passes(self) -> tuple[float, float, float, float]:
         """(passes so far, the requests they held, of those the chunks of prompts; summed
-        over the passes)."""
+        over the passes; the seconds the device waited between them for their sessions to
+        queue again)."""
         if self.engine is not None:
             m = self.engine.metrics
             return (float(m.passes._value.get()), float(m.batch_sessions._sum.get()),
-                    float(m.prefill_chunks._value.get())) if m else (0.0, 0.0, 0.0)
+                    float(m.prefill_chunks._value.get()),
+                    float(m.turnaround_seconds._value.get())) if m else (0.0,) * 4
         return self._counter("acespec_passes_total", "acespec_batch_sessions_sum",
-                             "acespec_prefill_chunks_total")
+                             "acespec_prefill_chunks_total", "acespec_turnaround_seconds_total")
 
 
 @contextlib.asynccontextmanager

@@ -138,7 +138,8 @@ class Dilated:
 
 RATE_KEYS = ("per_client_tok_s_p50", "per_client_tok_s_p10", "aggregate_tok_s",
              "all_live_tok_s", "passes_per_s")  # x K back in the undilated world
-TIME_KEYS = ("ttft_p50_s", "ttft_p90_s", "verifier_s_per_1k_tokens", "all_live_s")  # / K
+TIME_KEYS = ("ttft_p50_s", "ttft_p90_s", "verifier_s_per_1k_tokens", "all_live_s",
+             "turnaround_ms")  # / K
 
 
 def undilate(row: dict, k: float) -> dict:
@@ -180,14 +181,16 @@ class CpuMeter:
 # -- what the users saw: statistics and goodput --------------------------------------------
 
 def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: float,
-          nodes: float, passes: tuple[float, ...] = (0.0, 0.0, 0.0),
+          nodes: float, passes: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0),
           live_sessions: tuple[float, float] | None = None, cpu_busy: float | None = None,
           reach: dict[float, float] | None = None,
           busy_at: list[tuple[float, float]] | None = None) -> dict:
     """One (mode, N) row from its per-request records {client, tokens, seconds, ttft_s,
     lone_tokens (decided with no edge draft: the first token and the lone passes')}.
     passes: the verifier's passes in the run, the requests they held and of those the
-    chunks of prompts (summed): decode_requests_per_pass counts the rest.
+    chunks of prompts (summed): decode_requests_per_pass counts the rest; and the seconds
+    the device waited between passes for their sessions to queue again: turnaround_ms a
+    pass on average, turnaround_share of the wall time.
     edge_pass_tokens: the share of tokens decided in passes that held an edge draft (None
     where the verifier decides no session: ar); edge_drafts_scored: the share of the edges'
     drafts that reached a pass before their positions were decided (from the records'
@@ -234,6 +237,8 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
             if passes[0] else None,
             "decoding_sessions": None if live_sessions is None
             else round(live_sessions[0] - live_sessions[1], 2),
+            "turnaround_ms": round(1000 * passes[3] / passes[0], 2) if passes[0] else None,
+            "turnaround_share": round(passes[3] / wall_s, 3) if wall_s > 0 else None,
             "edge_pass_tokens": edge, "edge_drafts_scored": scored,
             **_reach(reach or {}),
             "cpu_busy": cpu_busy,
@@ -359,8 +364,8 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
 
 KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
         "ttft_p90_s", "aggregate_tok_s", "all_live_tok_s", "all_live_s", "verifier_busy",
-        "all_live_busy", "verifier_s_per_1k_tokens", "nodes_per_token", "passes_per_s",
-        "requests_per_pass", "live_sessions", "decode_requests_per_pass", "decoding_sessions",
+        "all_live_busy", "turnaround_share", "verifier_s_per_1k_tokens", "nodes_per_token",
+        "passes_per_s", "turnaround_ms", "requests_per_pass", "live_sessions", "decode_requests_per_pass", "decoding_sessions",
         "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead", "edge_grow_reach_p50",
         "reconnects", "cpu_busy")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
@@ -503,6 +508,8 @@ def _progress(r: dict) -> str:
             + f", busy {r['verifier_busy']}"
             + (f" ({r['all_live_busy']} while all live)" if r["all_live_busy"] is not None
                else "")
+            + (f", turnaround {r['turnaround_share']} ({r['turnaround_ms']} ms a pass)"
+               if r["turnaround_ms"] is not None else "")
             + f", {_per_pass(r)}, CPU {r['cpu_busy']}"
             + (" (CPU-bound: not counted)" if r["cpu_bound"] else ""))
 

@@ -65,6 +65,7 @@ class Metrics:
     client_nodes: object
     speculative_nodes: object
     busy_seconds: object
+    turnaround_seconds: object
     requests: object
     prompt_tokens: object
     generation_tokens: object
@@ -126,6 +127,10 @@ class Metrics:
             busy_seconds=Counter("acespec_busy_seconds", "Seconds the target's device was "
                                  "busy, by work: pass (the target's passes) or draft (the "
                                  "gap drafter's batched steps)", ["work"], registry=r),
+            turnaround_seconds=Counter("acespec_turnaround_seconds", "Seconds the device "
+                                       "waited between passes for the sessions of a pass to "
+                                       "queue again (the verifier's turnaround: their "
+                                       "decisions and next requests)", registry=r),
             requests=Counter("acespec_requests", "Calls started, by kind (decided, "
                              "edge_decided, generate)", ["kind"], registry=r),
             prompt_tokens=Counter("acespec_prompt_tokens", "Prompt tokens of the calls "
@@ -276,6 +281,7 @@ class Metrics:
         self.batch_nodes.observe(stats.nodes)
         self.batch_sessions.observe(stats.sessions)
         self.prefill_chunks.inc(stats.prefills)
+        self.turnaround_seconds.inc(stats.turnaround)
         for wait in stats.waits:
             self.queue_wait.observe(wait)
 

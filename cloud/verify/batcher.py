@@ -65,6 +65,8 @@ class PassStats:
     prefills: int = 0  # of the requests, chunks of prompts
     waits: tuple[float, ...] = ()  # seconds each request this pass starts had waited
     clients: dict[str, int] = field(default_factory=dict)  # nodes per client in the pass
+    turnaround: float = 0.0  # seconds the device waited, before this pass, for the last
+    # pass's sessions to queue again (0: it followed no wait for them)
 
 
 PREFILL_SLACK = 0.25  # a prefill chunk may make a pass with other sessions this much longer
@@ -163,6 +165,9 @@ class Batcher:
         self.passes = 0
         self.requests_scored = 0
         self.busy_s = 0.0  # seconds in passes
+        self.turnaround_s = 0.0  # seconds between passes waiting for their sessions (_gather)
+        self._turnaround = 0.0  # ... before the next pass, for its PassStats
+        self._ended = 0.0  # when the last pass ended (perf_counter)
         self.sharing = 1.0  # sequences per pass, recently: who waits out what else the
         # device runs between passes (a co-located drafter's steps)
         self._refusing: BaseException | None = None  # fail_pending's error, for every request
@@ -240,6 +245,10 @@ class Batcher:
             # whose blocks go back to the pool (which may then shrink) only once unreferenced.
             plan = None
             await self._gather(back, wait_s)
+            if back:  # the device's idle time while the loop turned the pass's sessions
+                # around (their decisions and next requests)
+                self._turnaround = time.perf_counter() - self._ended
+                self.turnaround_s += self._turnaround
             back = None  # nor hold the sequences while idle
 
     async def _gather(self, back: set[KVCache], wait_s: float) -> None:
@@ -461,7 +470,8 @@ class Batcher:
         left = self.emulation.seconds(nodes) - (time.perf_counter() - t0)
         if left > 0:
             time.sleep(left)
-        seconds = time.perf_counter() - t0
+        self._ended = time.perf_counter()
+        seconds = self._ended - t0
         self.passes += 1
         self.busy_s += seconds
         self.sharing = SHARING_DECAY * self.sharing + (1 - SHARING_DECAY) * len(chunks)
@@ -484,7 +494,9 @@ class Batcher:
         if self.on_pass:
             self.on_pass(PassStats(len(chunks), nodes, seconds,
                                    prefill=sum(len(c.tokens) for c in prompts),
-                                   prefills=len(prompts), waits=waits, clients=clients))
+                                   prefills=len(prompts), waits=waits, clients=clients,
+                                   turnaround=self._turnaround))
+        self._turnaround = 0.0
 
     @property
     def waiting(self) -> int:

@@ -114,6 +114,9 @@ def test_each_kind_of_call_is_timed_and_its_drafts_counted(target):
     # Three prompts, short: a chunk each, and none is left to prefill.
     assert value(page, "acespec_prefill_chunks_total") == 3
     assert value(page, "acespec_sessions_prefilling") == 0
+    # Decoding pass after pass, each session queued again after its pass: the device
+    # waited for it between them (the turnaround), well under a second in all.
+    assert 0 < value(page, "acespec_turnaround_seconds_total") < 1
     # The edge's drafts: the edge-decided session's 3 nodes and 2 commits, the decided
     # session's as its own account says; the verifier's proposals likewise.
     edge_scored = value(page, "acespec_draft_tokens_total", source="edge", fate="scored")

@@ -39,7 +39,7 @@ def test_a_point_summarises_its_clients():
     recs = _records([10.0] * 9 + [2.0]) + [{"client": 0, "tokens": 64, "seconds": 6.4,
                                            "ttft_s": 3.0, "end": 0.0}]
     row = point("acespec", 10, recs, wall_s=40.0, busy_s=30.0, nodes=1408,
-                passes=(800.0, 5600.0, 800.0), live_sessions=(9.0, 1.5))
+                passes=(800.0, 5600.0, 800.0, 4.0), live_sessions=(9.0, 1.5))
     assert row["per_client_tok_s_p50"] == 10.0
     assert row["per_client_tok_s_p10"] == pytest.approx(9.2)  # numpy's linear percentile
     assert row["tokens"] == 704 and row["aggregate_tok_s"] == 17.6
@@ -49,6 +49,7 @@ def test_a_point_summarises_its_clients():
     assert row["passes_per_s"] == 20.0 and row["requests_per_pass"] == 7.0
     assert row["decode_requests_per_pass"] == 6.0  # a prompt's chunk in every pass
     assert row["live_sessions"] == 9.0 and row["decoding_sessions"] == 7.5
+    assert row["turnaround_ms"] == 5.0 and row["turnaround_share"] == 0.1  # 4 s of 40
     assert row["edge_pass_tokens"] is None  # records without the verifier's account: ar's
     for r in recs:
         r["lone_tokens"] = 16
@@ -144,14 +145,15 @@ def test_dilation_scales_the_emulated_world_and_reports_it_undilated():
     assert flags[flags.index("--emulate-step-ms") + 1] == "100,0.4,256"
     # A dilated run measures K times slower rates and K times longer times
     row = point("acespec", 2, _records([10.0, 10.0], ttft=0.8), 12.8, 6.4, 256,
-                passes=(40.0, 80.0, 2.0), live_sessions=(2.0, 0.1))
+                passes=(40.0, 80.0, 2.0, 0.8), live_sessions=(2.0, 0.1))
     back = undilate(row, 4)
     assert back["per_client_tok_s_p50"] == 40.0 and back["aggregate_tok_s"] == 40.0
     assert back["ttft_p90_s"] == 0.2 and back["passes_per_s"] == pytest.approx(12.5, abs=0.05)
     assert back["verifier_s_per_1k_tokens"] == pytest.approx(row["verifier_s_per_1k_tokens"] / 4,
                                                              abs=1e-3)
+    assert row["turnaround_ms"] == 20.0 and back["turnaround_ms"] == 5.0
     for key in ("verifier_busy", "requests_per_pass", "live_sessions", "nodes_per_token",
-                "decode_requests_per_pass", "decoding_sessions"):
+                "decode_requests_per_pass", "decoding_sessions", "turnaround_share"):
         assert back[key] == row[key]  # fractions and counts do not dilate
     assert undilate(row, 1) is row
     with pytest.raises(ValueError, match="--dilate"):
@@ -251,6 +253,10 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
             assert 0 < r["all_live_tok_s"] <= 11 * r["per_client_tok_s_p50"], (mode, r)
         assert (r["all_live_busy"] is None) == (r["all_live_tok_s"] is None), (mode, n, r)
         assert r["all_live_busy"] is None or 0 < r["all_live_busy"] <= 1
+        # the device's wait between passes is idle time: within what busy leaves (the
+        # two counters are read a pass apart at most)
+        assert 0 <= r["turnaround_share"] <= 1.05 - r["verifier_busy"], (mode, n, r)
+        assert r["turnaround_ms"] >= 0
     assert rows["ar", 1]["edge_pass_tokens"] is None  # no session the verifier decides
     assert rows["colo", 2]["edge_pass_tokens"] == 0.0  # its edges draft nothing
     assert 0 <= rows["acespec", 1]["edge_pass_tokens"] <= 1
