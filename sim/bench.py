@@ -243,8 +243,8 @@ class Meter:
 
     def passes(self) -> tuple[float, float, float, float]:
         """(passes so far, the requests they held, of those the chunks of prompts; summed
-        over the passes; the seconds the device waited between them for their sessions to
-        queue again)."""
+        over the passes; the seconds the device waited between them while their sessions
+        queued again)."""
         if self.engine is not None:
             m = self.engine.metrics
             return (float(m.passes._value.get()), float(m.batch_sessions._sum.get()),

@@ -189,8 +189,8 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     lone_tokens (decided with no edge draft: the first token and the lone passes')}.
     passes: the verifier's passes in the run, the requests they held and of those the
     chunks of prompts (summed): decode_requests_per_pass counts the rest; and the seconds
-    the device waited between passes for their sessions to queue again: turnaround_ms a
-    pass on average, turnaround_share of the wall time.
+    the device waited between passes while their sessions queued again and the next pass
+    was planned: turnaround_ms a pass on average, turnaround_share of the wall time.
     edge_pass_tokens: the share of tokens decided in passes that held an edge draft (None
     where the verifier decides no session: ar); edge_drafts_scored: the share of the edges'
     drafts that reached a pass before their positions were decided (from the records'
@@ -365,7 +365,8 @@ def predict(cfg: LoadConfig, runs: list[dict], accept: float, lookup_accept: flo
 KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft_p50_s",
         "ttft_p90_s", "aggregate_tok_s", "all_live_tok_s", "all_live_s", "verifier_busy",
         "all_live_busy", "turnaround_share", "verifier_s_per_1k_tokens", "nodes_per_token",
-        "passes_per_s", "turnaround_ms", "requests_per_pass", "live_sessions", "decode_requests_per_pass", "decoding_sessions",
+        "passes_per_s", "turnaround_ms", "requests_per_pass", "live_sessions",
+        "decode_requests_per_pass", "decoding_sessions",
         "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead", "edge_grow_reach_p50",
         "reconnects", "cpu_busy")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",

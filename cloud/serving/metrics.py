@@ -128,9 +128,10 @@ class Metrics:
                                  "busy, by work: pass (the target's passes) or draft (the "
                                  "gap drafter's batched steps)", ["work"], registry=r),
             turnaround_seconds=Counter("acespec_turnaround_seconds", "Seconds the device "
-                                       "waited between passes for the sessions of a pass to "
-                                       "queue again (the verifier's turnaround: their "
-                                       "decisions and next requests)", registry=r),
+                                       "waited between passes while the sessions of a pass "
+                                       "queued again and the next pass was planned (the "
+                                       "verifier's turnaround: their decisions and next "
+                                       "requests)", registry=r),
             requests=Counter("acespec_requests", "Calls started, by kind (decided, "
                              "edge_decided, generate)", ["kind"], registry=r),
             prompt_tokens=Counter("acespec_prompt_tokens", "Prompt tokens of the calls "

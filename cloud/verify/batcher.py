@@ -65,8 +65,8 @@ class PassStats:
     prefills: int = 0  # of the requests, chunks of prompts
     waits: tuple[float, ...] = ()  # seconds each request this pass starts had waited
     clients: dict[str, int] = field(default_factory=dict)  # nodes per client in the pass
-    turnaround: float = 0.0  # seconds the device waited, before this pass, for the last
-    # pass's sessions to queue again (0: it followed no wait for them)
+    turnaround: float = 0.0  # seconds from the last pass's end to this one's start, while
+    # its sessions queued again and this pass was planned (0: it started on a new request)
 
 
 PREFILL_SLACK = 0.25  # a prefill chunk may make a pass with other sessions this much longer
@@ -165,9 +165,10 @@ class Batcher:
         self.passes = 0
         self.requests_scored = 0
         self.busy_s = 0.0  # seconds in passes
-        self.turnaround_s = 0.0  # seconds between passes waiting for their sessions (_gather)
-        self._turnaround = 0.0  # ... before the next pass, for its PassStats
+        self.turnaround_s = 0.0  # seconds from a pass's end to the next one's start, where
+        # the next followed on once the sessions of the pass had queued again (_gather)
         self._ended = 0.0  # when the last pass ended (perf_counter)
+        self._turned: float | None = None  # ... when the next pass follows on that one
         self.sharing = 1.0  # sequences per pass, recently: who waits out what else the
         # device runs between passes (a co-located drafter's steps)
         self._refusing: BaseException | None = None  # fail_pending's error, for every request
@@ -227,6 +228,7 @@ class Batcher:
             plan = self._plan()
             if not plan:
                 self._wake.clear()
+                self._turned = None  # idle: the next pass starts on a new request
                 continue
             t0 = time.perf_counter()
             clients = _client_nodes(plan)
@@ -245,10 +247,9 @@ class Batcher:
             # whose blocks go back to the pool (which may then shrink) only once unreferenced.
             plan = None
             await self._gather(back, wait_s)
-            if back:  # the device's idle time while the loop turned the pass's sessions
-                # around (their decisions and next requests)
-                self._turnaround = time.perf_counter() - self._ended
-                self.turnaround_s += self._turnaround
+            # The device idles from here to the next pass while the loop turns the pass's
+            # sessions around (their decisions and next requests) and plans that pass.
+            self._turned = self._ended if back else None
             back = None  # nor hold the sequences while idle
 
     async def _gather(self, back: set[KVCache], wait_s: float) -> None:
@@ -450,6 +451,8 @@ class Batcher:
         chunks = [chunk for _, chunk in plan]
         nodes = sum(len(c.tokens) for c in chunks)
         t0 = time.perf_counter()
+        turnaround = 0.0 if self._turned is None else t0 - self._turned
+        self.turnaround_s += turnaround
         waits = tuple(t0 - job.queued for job, _ in plan if job.done == 0)
         try:
             results = self.model.forward_batch(chunks)
@@ -495,8 +498,7 @@ class Batcher:
             self.on_pass(PassStats(len(chunks), nodes, seconds,
                                    prefill=sum(len(c.tokens) for c in prompts),
                                    prefills=len(prompts), waits=waits, clients=clients,
-                                   turnaround=self._turnaround))
-        self._turnaround = 0.0
+                                   turnaround=turnaround))
 
     @property
     def waiting(self) -> int:
