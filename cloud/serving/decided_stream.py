@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import grpc
 
 from acespec.cloud.errors import FailedPrecondition
+from acespec.cloud.serving.deferred import WriteAtStart
 from acespec.cloud.serving.metrics import RequestClock
 from acespec.cloud.verify.decided import DecidedSession
 from acespec.cloud.verify.engine import Engine
@@ -136,17 +137,19 @@ class DecidedStreams:
         event loop and the client's flow control, and a session that waited for it would
         come back too late for the pass after the one it was in (with many sessions, half
         of them would then take every other pass); written during the pass, it is not part
-        of the turnaround between passes that leaves the device idle."""
-        step = asyncio.ensure_future(self.engine.decided_pass(session))
+        of the turnaround between passes that leaves the device idle. The pass runs in this
+        task: a session's turn between passes is one wakeup (its result, its decisions, its
+        next request)."""
+        if pending is None:
+            return await self.engine.decided_pass(session)
+        write = WriteAtStart(self.engine.batcher.next_start(), send, pending)
         try:
-            if pending is not None:
-                await asyncio.wait((step, self.engine.batcher.next_start()),
-                                   return_when=asyncio.FIRST_COMPLETED)
-                await send(pending)
-            return await step
+            result = await self.engine.decided_pass(session)
         except BaseException:
-            step.cancel()
+            write.cancel()
             raise
+        await write.finish()
+        return result
 
     def _count_drafts(self, session: DecidedSession, scored: int, proposed_taken: int
                       ) -> None:

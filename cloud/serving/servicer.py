@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import re
@@ -24,6 +25,7 @@ from acespec.cloud.errors import (
     Unavailable,
 )
 from acespec.cloud.serving.decided_stream import INBOX, DecidedStreams
+from acespec.cloud.serving.deferred import WriteAtStart
 from acespec.cloud.serving.metrics import RequestClock
 from acespec.cloud.verify.engine import Engine
 from acespec.proto import CLIENT_KEY
@@ -325,6 +327,34 @@ class VerifierServicer(pb_grpc.VerifierServicer):
 
     # -- Generate -------------------------------------------------------------------
 
+    async def _stream(self, context, tokens, clock: RequestClock) -> int:
+        """Write each generated token as a chunk; returns how many. A token's chunk is
+        written once the pass after it has started (WriteAtStart): the next token's request
+        is queued first, so the write is no part of the turnaround between passes."""
+        count, pending = 0, None
+        try:
+            async with contextlib.aclosing(tokens):
+                async for out in tokens:
+                    count += 1
+                    chunk = pb.GenerateChunk(tokens=[out.token], passes=count)
+                    if out.logprob is not None:
+                        chunk.logprobs.CopyFrom(encode_logprobs([out.logprob]))
+                    clock.first_token()
+                    if pending is not None:
+                        await pending.finish()
+                        pending = None
+                    if out.last:
+                        clock.finish(count)  # before its write: a client holding the last
+                        # token may cancel while the write still awaits
+                        await self._write(context, chunk)
+                    else:
+                        pending = WriteAtStart(self.engine.batcher.next_start(),
+                                               functools.partial(self._write, context), chunk)
+        finally:
+            if pending is not None:
+                pending.cancel()
+        return count
+
     async def _prompt_logprobs(self, request, context, client: str) -> bool:
         """The first chunk: the prompt's logprobs. True when that is all that was asked
         (max_tokens 0): the call is then done."""
@@ -356,18 +386,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             tokens = self.engine.generate(list(request.prompt_tokens), params, request.seed,
                                           request.max_tokens, list(request.stop_tokens),
                                           asked, client)
-            count = 0
-            async with contextlib.aclosing(tokens):
-                async for out in tokens:
-                    count += 1
-                    chunk = pb.GenerateChunk(tokens=[out.token], passes=count)
-                    if out.logprob is not None:
-                        chunk.logprobs.CopyFrom(encode_logprobs([out.logprob]))
-                    clock.first_token()
-                    if out.last:
-                        clock.finish(count)  # before its write: a client holding the last
-                        # token may cancel while the write still awaits
-                    await self._write(context, chunk)
+            count = await self._stream(context, tokens, clock)
             clock.finish(count)
             await self._write(context, pb.GenerateChunk(done=True, passes=count))
         except asyncio.CancelledError:

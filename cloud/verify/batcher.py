@@ -233,8 +233,6 @@ class Batcher:
             t0 = time.perf_counter()
             clients = _client_nodes(plan)
             self._running = {job for job, _ in plan}
-            if self._started is not None and not self._started.done():
-                self._started.set_result(None)
             try:
                 await loop.run_in_executor(self._pool, self._run, plan, clients)
             finally:
@@ -451,6 +449,9 @@ class Batcher:
         chunks = [chunk for _, chunk in plan]
         nodes = sum(len(c.tokens) for c in chunks)
         t0 = time.perf_counter()
+        if (started := self._started) is not None:  # resolved from here, once the pass runs:
+            # what waits for it (writes) would otherwise hold the GIL this thread needs first
+            started.get_loop().call_soon_threadsafe(_resolve, started, None)
         turnaround = 0.0 if self._turned is None else t0 - self._turned
         self.turnaround_s += turnaround
         waits = tuple(t0 - job.queued for job, _ in plan if job.done == 0)
