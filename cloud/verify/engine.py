@@ -393,6 +393,7 @@ class Engine:
         max_tokens = self._check_generate(prompt, max_tokens)
         self._admit()
         self.generating += 1
+        cache = None
         try:
             cache = self.model.new_cache(len(prompt) + max_tokens)
             logits = await self.batcher.score(Request(list(prompt), cache, None, last_only=True),
@@ -406,6 +407,8 @@ class Engine:
                 token, _ = await self.grammars.apply(grammar, decide, row, params, seed,
                                                      len(prompt) + i, text, grammar)
                 last = token in stop or i + 1 == max_tokens
+                if last:  # no pass after this one: the next one does not wait for it
+                    self.batcher.forget(cache)
                 yield Generated(token, None if logprobs is None
                                 else token_logprob(row, token, logprobs), last)
                 if last:
@@ -415,6 +418,8 @@ class Engine:
                 logits = await self.batcher.score(Request([token], cache), client=client)
         finally:
             self.generating -= 1
+            if cache is not None:  # ended early (cancelled, failed): nor is it waited for
+                self.batcher.forget(cache)
 
     async def prompt_logprobs(self, prompt: Sequence[int], top_n: int, client: str = ""
                               ) -> list[TokenLogprob]:

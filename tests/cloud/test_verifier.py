@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import urllib.request
 
 import numpy as np
@@ -74,6 +75,35 @@ def test_cloud_only_decoding_marks_the_token_that_ends_it(target):
     assert [g.token for g in calls["stop"]] == greedy[:3]
     assert len(calls["unset"]) == min(DEFAULT_GENERATE_TOKENS,
                                       model.args.max_position_embeddings - len(prompt))
+
+
+def test_a_finished_generate_call_holds_up_no_pass(target):
+    """After a pass the next one waits for the sequences that come straight back; a
+    Generate call that has decided its last token is not one of them. With a 2 s gather
+    window, a call that goes on after another has ended gets its passes at once (before,
+    the window was waited out once for the ended call)."""
+    from dataclasses import replace
+
+    from acespec.cloud.verify.engine import Engine
+
+    model, vh, prompt = target
+
+    async def go() -> float:
+        engine = Engine(model, vh, "gather")
+        engine.batcher.windows = replace(engine.batcher.windows, gather_s=2.0)
+        try:
+            async def tokens(n: int) -> float:
+                t0 = time.perf_counter()
+                out = [g async for g in engine.generate(prompt, GREEDY, 0, n)]
+                assert len(out) == n
+                return time.perf_counter() - t0
+
+            _, going_on = await asyncio.gather(tokens(2), tokens(8))
+            return going_on
+        finally:
+            await engine.close_all()
+
+    assert run(go()) < 1.5
 
 
 def test_sampled_generate_is_seeded(target):
