@@ -250,8 +250,8 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
 def all_live(records: list[dict], span: tuple[float, float] | None = None
              ) -> tuple[float | None, float | None]:
     """(tokens per second, seconds) over the span in which every client was in its run
-    (live_span, unless the caller has it), counting the tokens that arrived within it, from each record's
-    `token_times` (the wall clock at each token). The aggregate without a run's start (its
+    (live_span, unless the caller has it), counting the tokens that arrived within it,
+    from each record's `token_times` (the wall clock at each token). The aggregate without a run's start (its
     prompts crossing their links) and its tail (the clients that finished early no longer
     there to fill a pass). (None, None) where there is no such span."""
     span = span or live_span(records)

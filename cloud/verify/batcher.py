@@ -165,10 +165,9 @@ class Batcher:
         self.passes = 0
         self.requests_scored = 0
         self.busy_s = 0.0  # seconds in passes
-        self.turnaround_s = 0.0  # seconds from a pass's end to the next one's start, where
-        # the next followed on once the sessions of the pass had queued again (_gather)
         self._ended = 0.0  # when the last pass ended (perf_counter)
-        self._turned: float | None = None  # ... when the next pass follows on that one
+        self._turned: float | None = None  # ... when the next pass follows on that one, once
+        # its sessions have queued again (_gather): the turnaround (PassStats.turnaround)
         self.sharing = 1.0  # sequences per pass, recently: who waits out what else the
         # device runs between passes (a co-located drafter's steps)
         self._refusing: BaseException | None = None  # fail_pending's error, for every request
@@ -453,7 +452,6 @@ class Batcher:
             # what waits for it (writes) would otherwise hold the GIL this thread needs first
             started.get_loop().call_soon_threadsafe(_resolve, started, None)
         turnaround = 0.0 if self._turned is None else t0 - self._turned
-        self.turnaround_s += turnaround
         waits = tuple(t0 - job.queued for job, _ in plan if job.done == 0)
         try:
             results = self.model.forward_batch(chunks)
