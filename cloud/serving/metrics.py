@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from prometheus_client import (
     ProcessCollector,
     start_http_server,
 )
+from prometheus_client.core import GaugeMetricFamily
 
 from acespec.cloud import errors
 
@@ -45,6 +47,36 @@ WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                 5.0, 10.0)
 
 
+ClientRow = tuple[str, list, float]  # (client, its open sessions' shares, its nodes per pass)
+
+
+class ClientSeries:
+    """The per-client series, read from the engine at each scrape (Engine.client_rows): a
+    client's open sessions, the speculative nodes per pass they have earned, and its part of
+    the recent passes. Setting them after every pass took the verifier's event loop between
+    passes, once per client; a scrape reads them only when asked."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.rows: Callable[[], list[ClientRow]] = list  # none until the engine is watched
+        registry.register(self)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        share = GaugeMetricFamily(
+            "acespec_client_share", "Speculative nodes per pass a client's open sessions "
+            "have earned together (docs/design.md §3), by client; gone when its last session "
+            "ends", labels=["client"])
+        sessions = GaugeMetricFamily("acespec_client_sessions", "A client's open sessions",
+                                     labels=["client"])
+        nodes = GaugeMetricFamily("acespec_client_nodes", "Nodes per pass a client's "
+                                  "sessions had in its recent passes (its part of a pass)",
+                                  labels=["client"])
+        for client, shares, part in self.rows():
+            share.add_metric([client], sum(s.nodes() for s in shares))
+            sessions.add_metric([client], len(shares))
+            nodes.add_metric([client], round(part, 2))
+        yield from (share, sessions, nodes)
+
+
 @dataclass
 class Metrics:
     registry: object
@@ -60,9 +92,7 @@ class Metrics:
     allreduce_bytes: object
     proposals: object
     gap_seconds: object
-    client_share: object
-    client_sessions: object
-    client_nodes: object
+    clients: ClientSeries
     speculative_nodes: object
     busy_seconds: object
     turnaround_seconds: object
@@ -112,15 +142,7 @@ class Metrics:
                               "(scored, accepted)", ["source", "fate"], registry=r),
             gap_seconds=Counter("acespec_gap_seconds", "Seconds the gap drafter spent "
                                 "decoding proposals", registry=r),
-            client_share=Gauge("acespec_client_share", "Speculative nodes per pass a "
-                               "client's open sessions have earned together "
-                               "(docs/design.md §3), by client; gone when its last session "
-                               "ends", ["client"], registry=r),
-            client_sessions=Gauge("acespec_client_sessions", "A client's open sessions",
-                                  ["client"], registry=r),
-            client_nodes=Gauge("acespec_client_nodes", "Nodes per pass a client's sessions "
-                               "had in its recent passes (its part of a pass)", ["client"],
-                               registry=r),
+            clients=ClientSeries(r),
             speculative_nodes=Counter("acespec_speculative_nodes", "Speculative nodes "
                                       "scored, by fate: accepted, or wasted (never taken)",
                                       ["fate"], registry=r),
@@ -206,6 +228,7 @@ class Metrics:
         """Read the engine's queue and KV pool at each scrape
         (acespec.cloud.verify.engine.Engine)."""
         model, batcher = engine.model, engine.batcher
+        self.clients.rows = engine.client_rows
         self.sessions_waiting.set_function(lambda: batcher.waiting)
         self.sessions_prefilling.set_function(lambda: batcher.prefilling)
         pool = model.pool  # made now, on the serving thread, not by a scrape
@@ -239,22 +262,6 @@ class Metrics:
 
     def drop_share(self, session_id: str) -> None:
         self._counted.pop(session_id, None)
-
-    def on_client(self, client: str, shares: list) -> None:
-        """A client's open sessions' shares (acespec.cloud.verify.share.Share)."""
-        self.client_share.labels(client).set(sum(s.nodes() for s in shares))
-        self.client_sessions.labels(client).set(len(shares))
-
-    def on_client_nodes(self, client: str, nodes: float) -> None:
-        self.client_nodes.labels(client).set(round(nodes, 2))
-
-    def drop_client(self, client: str) -> None:
-        """A client with no open session left: its series go."""
-        for gauge in (self.client_share, self.client_sessions, self.client_nodes):
-            try:
-                gauge.remove(client)
-            except KeyError:
-                pass
 
     def on_proposals(self, source: str, scored: int, accepted: int, gap_s: float) -> None:
         """One pass's own proposals (acespec.cloud.verify.decided): what was scored and taken."""

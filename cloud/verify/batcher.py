@@ -141,11 +141,10 @@ class Batcher:
     than it earns waits for later passes instead of slowing everyone's."""
 
     def __init__(self, model: Transformer, max_batch_nodes: int = 1024,
-                 emulation: StepEmulation = StepEmulation(), on_pass=None, on_settled=None):
+                 emulation: StepEmulation = StepEmulation(), on_pass=None):
         self.model, self.max_batch_nodes, self.emulation = model, max_batch_nodes, emulation
         self.windows = Windows().dilated(emulation.dilate)
         self.on_pass = on_pass  # callback(PassStats) for metrics, in the worker thread
-        self.on_settled = on_settled  # callback({client: nodes}) after a pass, on the loop
         self.cost = PassCost()  # seconds per pass by its nodes, measured here
         self._jobs: list[Job] = []
         self._wake = asyncio.Event()
@@ -238,8 +237,6 @@ class Batcher:
                 self._running = set()
             wait_s = max(self.windows.gather_s, GATHER_SHARE * (time.perf_counter() - t0))
             back = self._settle(plan, wait_s)
-            if self.on_settled:
-                self.on_settled(clients)
             # Drop the requests now, not when the next one arrives: each holds its KV cache,
             # whose blocks go back to the pool (which may then shrink) only once unreferenced.
             plan = None

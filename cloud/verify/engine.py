@@ -103,7 +103,7 @@ class Engine:
     def __post_init__(self) -> None:
         self.pressure = Pressure()  # how full the passes are (load-aware speculation)
         self.batcher = Batcher(self.model, self.limits.max_batch_nodes, self.emulation,
-                               self._on_pass, self._on_settled)
+                               self._on_pass)
         self.sessions: dict[str, EdgeDecidedSession] = {}
         self._ids: dict[int, str] = {}  # id(session) -> its session id, for the metrics
         self.clients: dict[str, set[str]] = {}  # client -> its open sessions' ids
@@ -124,15 +124,17 @@ class Engine:
         if self.metrics:
             self.metrics.on_pass(stats)
 
-    def _on_settled(self, clients: dict[str, int]) -> None:
-        """After a pass, on the event loop: the series of the clients in it (once a pass, not
-        once per session: a client's series sum over all its sessions)."""
-        if not self.metrics:
-            return
-        for client in clients:
-            if client in self.clients:  # a client of open sessions (not Generate's alone)
-                self._report_client(client)
-                self.metrics.on_client_nodes(client, self.batcher.client_nodes(client))
+    def client_rows(self) -> list[tuple[str, list, float]]:
+        """(client, its open sessions' shares, its nodes per pass) for each client with an
+        open session (Generate calls alone are none): the per-client metrics, read from the
+        metrics server's thread at a scrape (each list() copies under the GIL, as the loop
+        may open or close sessions meanwhile)."""
+        rows = []
+        for client, ids in list(self.clients.items()):
+            shares = [s.share for i in list(ids) if (s := self.sessions.get(i)) is not None]
+            if shares:
+                rows.append((client, shares, self.batcher.client_nodes(client)))
+        return rows
 
     @property
     def active(self) -> int:
@@ -346,22 +348,12 @@ class Engine:
         if self.metrics:
             self.metrics.on_share(self._ids.get(id(session), "?"), session.share)
 
-    def _report_client(self, client: str) -> None:
-        """The client's series: its open sessions and their shares, or none once it has none."""
-        if not self.metrics:
-            return
-        if mine := self.clients.get(client):
-            self.metrics.on_client(client, [self.sessions[i].share for i in mine])
-        else:
-            self.metrics.drop_client(client)
-
     def _register(self, session, client: str) -> str:
         session_id = uuid.uuid4().hex
         session.client = client  # whose: its passes share the client's part (verify.clients)
         self.sessions[session_id] = session
         self._ids[id(session)] = session_id
         self.clients.setdefault(client, set()).add(session_id)
-        self._report_client(client)
         return session_id
 
     def close(self, session_id: str | None) -> None:
@@ -378,7 +370,6 @@ class Engine:
                 self.clients.pop(session.client, None)
             if self.metrics:
                 self.metrics.drop_share(session_id)
-            self._report_client(session.client)
 
     async def generate(self, prompt: Sequence[int], params: ServeParams, seed: int,
                        max_tokens: int = 0, stop: Sequence[int] = (),

@@ -431,8 +431,8 @@ def test_share_metrics_are_per_client_and_go_with_its_last_session():
     share, other = Share(cap=16), Share(cap=16)
     share.settle(10, 2)
     m.on_share("ab" * 16, share)
-    m.on_client("edge:laptop", [share, other])
-    m.on_client_nodes("edge:laptop", 7.5)
+    rows = [("edge:laptop", [share, other], 7.5)]
+    m.clients.rows = lambda: rows  # read at each scrape, as Engine.client_rows
     text = generate_latest(m.registry).decode()
     assert f'acespec_client_share{{client="edge:laptop"}} ' \
         f'{float(share.nodes() + other.nodes())}' in text
@@ -441,7 +441,7 @@ def test_share_metrics_are_per_client_and_go_with_its_last_session():
     assert 'acespec_speculative_nodes_total{fate="wasted"} 8.0' in text
     assert "session=" not in text  # no per-session series
     m.drop_share("ab" * 16)
-    m.drop_client("edge:laptop")
+    rows.clear()  # the client's last session closed
     assert 'client="edge:laptop"' not in generate_latest(m.registry).decode()
 
 
