@@ -343,10 +343,10 @@ def test_a_large_schema_compiles_off_the_loop_within_a_time_bound(servers):
             assert f.result().status_code == 400 and err["param"] == "response_format", err
             assert err["code"] == "grammar_too_costly" and " s " in err["message"], err
     print(json.dumps({"health_checks": len(gaps), "slowest_health_s": round(max(gaps), 3)}))
-    assert len(gaps) > 5 and max(gaps) < 0.5
+    assert len(gaps) > 5 and max(gaps) < 1.0  # a build on the loop: seconds (its bound)
     t0 = time.monotonic()
     again = ask(url, "/v1/completions", big[0])
-    assert again.status_code == 400 and time.monotonic() - t0 < 0.5
+    assert again.status_code == 400 and time.monotonic() - t0 < 1.0
     assert again.json()["error"]["code"] == "grammar_too_costly"
 
 

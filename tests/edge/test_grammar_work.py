@@ -53,14 +53,14 @@ def test_a_compile_runs_off_the_loop_and_a_slow_one_is_refused_by_name():
         assert isinstance(grammar, str) and '"p299"' in grammar and gap < 0.25
         big = structure(4000)  # ~1.5 s to build its lexer here
         refused, gap = await ticking(work.compile(big))
-        assert gap < 0.25  # the loop ran all along
+        assert gap < 0.6  # the loop ran all along (a build on it: one gap of the build's time)
         assert isinstance(refused, ApiError) and refused.status == 400, refused
         assert refused.param == "response_format" and refused.code == "grammar_too_costly"
         assert "0.3 s" in refused.message and f"{big.size} characters" in refused.message
         t0 = time.perf_counter()
         with pytest.raises(ApiError, match="grammar"):
-            await work.compile(big)  # asked again: the kept refusal, at once
-        assert time.perf_counter() - t0 < 0.05
+            await work.compile(big)  # asked again: the kept refusal, at once (compiled
+        assert time.perf_counter() - t0 < 0.25  # again, it would wait for the first build)
     asyncio.run(main())
 
 

@@ -161,7 +161,7 @@ def test_an_emulated_step_apart_does_not_hold_the_context(tiny_pair, apart):
 
     tok_dir, _, ggufs = tiny_pair
     ids = _ids(tok_dir)
-    d = LlamaDrafter(ggufs["q8_0"], LlamaDrafterConfig(n_ctx=256, n_seq_max=3, emulate_ms=150,
+    d = LlamaDrafter(ggufs["q8_0"], LlamaDrafterConfig(n_ctx=256, n_seq_max=3, emulate_ms=400,
                                                       emulate_apart=apart))
     got, spans = {}, {}
 
@@ -177,11 +177,12 @@ def test_an_emulated_step_apart_does_not_hold_the_context(tiny_pair, apart):
         t.join()
     assert got[1] == got[2]
     wall = max(e for _, e in spans.values()) - min(s for s, _ in spans.values())
-    # each draft is a prefill and a decode, two steps of 150 ms: queued, four steps at least
+    # each draft is a prefill and a decode, two steps of 400 ms: queued, four steps at least
+    # (1.6 s); overlapped, two (0.8 s, and room for the machine's stalls under the bound)
     if apart:
-        assert wall < 0.55, wall
+        assert wall < 1.2, wall
     else:
-        assert wall >= 0.6, wall
+        assert wall >= 1.6, wall
 
 
 def test_callers_from_several_threads_are_serialised(tiny_pair):

@@ -98,34 +98,38 @@ async def _echo_time(r, w, data: bytes) -> float:
 
 
 def test_proxy_rtt_and_throughput_match_the_link():
-    """200 kbit/s each way, 100 ms RTT. A 1-byte ping must take 100 ms (+-30 ms); 25,000
-    bytes one way must take 25000*8/200e3 = 1.0 s plus 50 ms (+-15 %)."""
+    """200 kbit/s each way, 100 ms RTT. A 1-byte ping must take 100 ms (+30 ms); 25,000
+    bytes one way must take 25000*8/200e3 = 1.0 s plus 50 ms (+-15 %). No exchange may be
+    faster than the link; the fastest of a few must be as fast as it (the machine can only
+    add time to one)."""
     async def go():
         server, port = await _echo_server()
         proxy = LinkProxy("127.0.0.1", port, spec=LinkSpec(200e3, 200e3, 0.1))
         pport = await proxy.start()
         r, w = await asyncio.open_connection("127.0.0.1", pport)
-        rtt = await _echo_time(r, w, b"x")
+        rtts = [await _echo_time(r, w, b"x") for _ in range(3)]
         payload = b"y" * 25_000
-        transfer = await _echo_time(r, w, payload)  # echoed back: both directions serialise
+        # echoed back: both directions serialise
+        transfers = [await _echo_time(r, w, payload) for _ in range(2)]
         w.close()
         await proxy.stop()
         server.close()
-        return rtt, transfer, proxy.counts
+        return rtts, transfers, proxy.counts
 
-    rtt, transfer, counts = asyncio.run(asyncio.wait_for(go(), 30))
-    assert 0.1 <= rtt <= 0.13, rtt
+    rtts, transfers, counts = asyncio.run(asyncio.wait_for(go(), 30))
+    assert 0.1 <= min(rtts) <= 0.13, rtts
     # Echo: the uplink serialises 1.0 s; the downlink pipelines behind it (segments flow on
     # as they arrive), so the total is ~1.0 s + one segment's time + the 100 ms RTT.
     expected = 1.0 + 1448 * 8 / 200e3 + 0.1
-    assert abs(transfer - expected) / expected < 0.15, transfer
-    assert counts.up == counts.down == 25_001
+    assert 0.85 * expected < min(transfers) < 1.15 * expected, transfers
+    assert counts.up == counts.down == 3 + 2 * 25_000
 
 
 def test_proxy_thread_keeps_forwarding_while_the_callers_loop_is_busy(caplog):
     """The bench's proxy shares a process with the edge, whose drafting can hold the event
     loop: on its own thread, the link still delivers a byte after half the RTT (50 ms of a
-    100 ms RTT) while the caller's loop sleeps 400 ms; an in-loop proxy would deliver it late."""
+    100 ms RTT) while the caller's loop sleeps 400 ms; an in-loop proxy would deliver it after
+    the sleep (the bound between the two leaves room for the machine's stalls)."""
     import socket
     import threading
 
@@ -147,9 +151,9 @@ def test_proxy_thread_keeps_forwarding_while_the_callers_loop_is_busy(caplog):
     async def go():
         proxy = ProxyThread("127.0.0.1", listener.getsockname()[1], spec=LinkSpec(1e6, 1e6, 0.1))
         r, w = await asyncio.open_connection("127.0.0.1", await proxy.start())
+        t0 = time.perf_counter()
         w.write(b"x")
         await w.drain()
-        t0 = time.perf_counter()
         time.sleep(0.4)  # the edge drafting a long chunk on the loop
         echoed = await r.readexactly(1)
         await proxy.stop()  # with the connection still open: stops quietly
@@ -158,7 +162,7 @@ def test_proxy_thread_keeps_forwarding_while_the_callers_loop_is_busy(caplog):
 
     one_way, echoed, counts = asyncio.run(asyncio.wait_for(go(), 30))
     listener.close()
-    assert 0.04 <= one_way <= 0.12, one_way
+    assert 0.05 <= one_way < 0.3, one_way
     assert echoed == b"x" and counts.up == counts.down == 1
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
 
@@ -181,16 +185,16 @@ def test_sim_link_process_forwards_and_reports(tmp_path):
         line = await asyncio.to_thread(proc.stdout.readline)
         assert "acespec link" in line
         r, w = await asyncio.open_connection("127.0.0.1", lport)
-        rtt = await _echo_time(r, w, b"ping")
+        rtts = [await _echo_time(r, w, b"ping") for _ in range(2)]
         w.close()
         proc.send_signal(signal.SIGTERM)
         out = await asyncio.to_thread(proc.communicate, timeout=10)
         server.close()
-        return rtt, out[0], proc.returncode
+        return rtts, out[0], proc.returncode
 
-    rtt, out, rc = asyncio.run(asyncio.wait_for(go(), 60))
-    assert 0.08 <= rtt < 0.2 and rc == 0
-    assert re.search(r"bytes up 4, down 4", out)
+    rtts, out, rc = asyncio.run(asyncio.wait_for(go(), 60))
+    assert 0.08 <= min(rtts) < 0.2 and rc == 0, rtts
+    assert re.search(r"bytes up 8, down 8", out)
 
 
 def test_engine_through_a_50kbit_50ms_link(tiny_pair):
