@@ -84,7 +84,9 @@ def _add_load(cmds) -> None:
         "were decided; edge_grows_ahead: the share of their Grow messages that reached past "
         "the verifier's decided end; edge_grow_reach_p50: the median message's reach, "
         "negative where it arrived that many positions behind), and goodput (the clients "
-        "that meet the SLO), for every mode at every client count.")
+        "that meet the SLO), for every mode at every client count. --out's rows also carry "
+        "each point's timeline (tokens/s and clients in their run per 0.1 s from the "
+        "burst's start), which --plot draws beside the frontier.")
     g = p.add_argument_group("clients")
     g.add_argument("--clients", default="1,2,4,6,8,12,16,24,32,48,64",
                    help="client counts, each a run of that many clients at once "

@@ -149,7 +149,8 @@ def bench_load(args) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     if args.plot:
-        print(f"plot: {load.plot_frontier(result['runs'], args.plot)}")
+        for plot in (load.plot_frontier, load.plot_timeline):
+            print(f"plot: {plot(result['runs'], args.plot)}")
     return 0
 
 

@@ -138,6 +138,7 @@ class Dilated:
 
 RATE_KEYS = ("per_client_tok_s_p50", "per_client_tok_s_p10", "aggregate_tok_s",
              "all_live_tok_s", "passes_per_s")  # x K back in the undilated world
+TIMELINE_S = 0.1  # a row's timeline bins, seconds (x K in a dilated run: 0.1 s undilated)
 TIME_KEYS = ("ttft_p50_s", "ttft_p90_s", "verifier_s_per_1k_tokens", "all_live_s",
              "turnaround_ms")  # / K
 
@@ -150,6 +151,9 @@ def undilate(row: dict, k: float) -> dict:
     for key, f in [(key, k) for key in RATE_KEYS] + [(key, 1 / k) for key in TIME_KEYS]:
         if out.get(key) is not None:
             out[key] = round(out[key] * f, 3)
+    if (line := out.get("timeline")) is not None:
+        out["timeline"] = {**line, "bin_s": round(line["bin_s"] / k, 6),
+                           "tok_s": [round(x * k, 1) for x in line["tok_s"]]}
     return out
 
 
@@ -184,7 +188,8 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
           nodes: float, passes: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0),
           live_sessions: tuple[float, float] | None = None, cpu_busy: float | None = None,
           reach: dict[float, float] | None = None,
-          busy_at: list[tuple[float, float]] | None = None) -> dict:
+          busy_at: list[tuple[float, float]] | None = None, bin_s: float = TIMELINE_S
+          ) -> dict:
     """One (mode, N) row from its per-request records {client, tokens, seconds, ttft_s,
     lone_tokens (decided with no edge draft: the first token and the lone passes')}.
     passes: the verifier's passes in the run, the requests they held and of those the
@@ -206,7 +211,8 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     none.
     all_live_tok_s: the aggregate while every client was in its run, all_live_s seconds
     (all_live), and all_live_busy the verifier's busy fraction then, from busy_at: samples of
-    (wall clock, the verifier's busy seconds so far) around the point (busy_between)."""
+    (wall clock, the verifier's busy seconds so far) around the point (busy_between).
+    timeline: the burst's shape, tokens/s and clients in their run per bin_s (timeline)."""
     per_client = {}
     for r in records:
         tok, sec = per_client.get(r["client"], (0, 0.0))
@@ -244,7 +250,31 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
             "cpu_busy": cpu_busy,
             "cpu_bound": cpu_busy is not None and cpu_busy > CPU_BOUND,
             "reconnects": sum(r.get("reconnects", 0) for r in records),
-            "tokens": tokens, "requests": len(records)}
+            "tokens": tokens, "requests": len(records),
+            "timeline": timeline(records, bin_s)}
+
+
+def timeline(records: list[dict], bin_s: float = TIMELINE_S) -> dict | None:
+    """The point's shape over time, from the records' token_times: {bin_s, tok_s: the tokens
+    that reached the clients in each bin_s from the burst's start (the earliest generation's
+    start) over bin_s, live: the clients in their run during each bin (from their first
+    token to their last, as live_span)}. Where the aggregate is lost: a burst's start (the
+    prompts crossing their links) and tail (its slowest clients, alone in their passes).
+    None where the records carry no times."""
+    times = [t for r in records for t in r.get("token_times") or ()]
+    if not times or any(r.get("tokens") and not r.get("token_times") for r in records):
+        return None
+    start = min(r["end"] - r["seconds"] for r in records)
+    counts = np.bincount(((np.array(times) - start) // bin_s).astype(int).clip(0))
+    spans: dict[int, tuple[float, float]] = {}
+    for r in records:
+        if t := r.get("token_times"):
+            first, last = spans.get(r["client"], (math.inf, -math.inf))
+            spans[r["client"]] = (min(first, t[0]), max(last, t[-1]))
+    edges = start + bin_s * np.arange(len(counts))
+    live = [int(sum(a < e + bin_s and b >= e for a, b in spans.values())) for e in edges]
+    return {"bin_s": bin_s, "tok_s": [round(float(c) / bin_s, 1) for c in counts],
+            "live": live}
 
 
 def all_live(records: list[dict], span: tuple[float, float] | None = None
@@ -394,13 +424,7 @@ def markdown(runs: list[dict], keys: tuple[str, ...] = KEYS) -> str:
 def plot_frontier(runs: list[dict], folder: str) -> str:
     """The frontier: aggregate tokens/s against per-client p10 tokens/s, one line per mode
     (each point a client count). Returns the PNG's path."""
-    import matplotlib  # lazy: the sim extra's, for this plot only
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: as matplotlib, once its backend is set
-
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
+    plt, out = _pyplot(folder)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for mode in dict.fromkeys(r["mode"] for r in runs):
         rs = sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["clients"])
@@ -412,8 +436,42 @@ def plot_frontier(runs: list[dict], folder: str) -> str:
     ax.set_xlabel("per-client tokens/s (p10)")
     ax.set_ylabel("aggregate tokens/s")
     ax.legend()
+    return _save(plt, fig, out / "frontier.png")
+
+
+def plot_timeline(runs: list[dict], folder: str) -> str:
+    """The burst's shape: aggregate tokens/s over time, one panel per client count, one
+    line per mode (the rows' timeline). Returns the PNG's path."""
+    plt, out = _pyplot(folder)
+    counts = sorted({r["clients"] for r in runs if r.get("timeline")})
+    fig, axes = plt.subplots(len(counts) or 1, 1, figsize=(7, 2.2 * max(1, len(counts))),
+                             squeeze=False)
+    for ax, n in zip(axes[:, 0], counts):
+        for r in (r for r in runs if r["clients"] == n and r.get("timeline")):
+            line = r["timeline"]
+            ax.step([line["bin_s"] * i for i in range(len(line["tok_s"]))], line["tok_s"],
+                    where="post", label=r["mode"])
+        ax.set_title(f"{n} clients", fontsize=9)
+        ax.set_ylabel("tokens/s")
+        ax.legend(fontsize=7)
+    axes[-1, 0].set_xlabel("seconds from the burst's start")
+    return _save(plt, fig, out / "timeline.png")
+
+
+def _pyplot(folder: str):
+    """(matplotlib's pyplot, the folder made)."""
+    import matplotlib  # lazy: the sim extra's, for the plots only
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # lazy: as matplotlib, once its backend is set
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    return plt, out
+
+
+def _save(plt, fig, path: Path) -> str:
     fig.tight_layout()
-    path = out / "frontier.png"
     fig.savefig(path)
     plt.close(fig)
     return str(path)
@@ -496,7 +554,8 @@ def run_point(cfg: LoadConfig, mode: str, n: int, host: str, port: int, meter,
     passes = tuple(b - a for a, b in zip(passes0, meter.passes()))
     reach = {le: count - reach0.get(le, 0.0) for le, count in meter.reach().items()}
     row = point(mode, n, records, wall or time.perf_counter() - t0, meter.busy() - busy0,
-                meter.nodes() - nodes0, passes, live.mean(), cpu_busy, reach, live.busy_at)
+                meter.nodes() - nodes0, passes, live.mean(), cpu_busy, reach, live.busy_at,
+                TIMELINE_S * cfg.dilate)
     return undilate(row, cfg.dilate)
 
 

@@ -25,6 +25,7 @@ from acespec.sim.load import (
     markdown,
     point,
     slo_rate,
+    timeline,
     undilate,
 )
 
@@ -96,6 +97,23 @@ def test_the_all_live_aggregate_counts_the_tokens_while_every_client_generates()
     assert all_live([]) == (None, None)
 
 
+def test_a_timeline_gives_the_bursts_shape():
+    """The same clients in 2 s bins from the earliest generation's start (0 s): the tokens
+    per second in each bin, and the clients in their run during it (client 1 from its
+    first token at 2 s to its last at 6 s, across its two generations)."""
+    a = {"client": 0, "tokens": 10, "token_times": [float(t) for t in range(1, 11)],
+         "end": 10.0, "seconds": 10.0}
+    b1 = {"client": 1, "tokens": 2, "token_times": [2.0, 3.0], "end": 3.0, "seconds": 3.0}
+    b2 = {"client": 1, "tokens": 3, "token_times": [4.0, 5.0, 6.0], "end": 6.0, "seconds": 2.0}
+    assert timeline([a, b1, b2], 2.0) == {"bin_s": 2.0, "tok_s": [0.5, 2.0, 2.0, 1.5, 1.0, 0.5],
+                                          "live": [1, 2, 2, 2, 1, 1]}
+    recs = [{**r, "ttft_s": 0.1} for r in (a, b1, b2)]
+    assert point("acespec", 2, recs, 10.0, 5.0, 20, bin_s=2.0)["timeline"]["live"] == \
+        [1, 2, 2, 2, 1, 1]
+    assert timeline([a, {"client": 1, "tokens": 5, "end": 1.0, "seconds": 1.0}]) is None
+    assert timeline([]) is None
+
+
 def test_goodput_is_the_most_clients_whose_p10_meets_the_slo():
     runs = [point("ar", 1, _records([20.0]), 3.2, 3.0, 64),
             point("acespec", 1, _records([50.0]), 1.3, 1.0, 64),
@@ -156,6 +174,9 @@ def test_dilation_scales_the_emulated_world_and_reports_it_undilated():
                 "decode_requests_per_pass", "decoding_sessions", "turnaround_share"):
         assert back[key] == row[key]  # fractions and counts do not dilate
     assert undilate(row, 1) is row
+    shape = {"bin_s": 0.4, "tok_s": [10.0, 2.5], "live": [2, 1]}  # 0.1 s undilated
+    assert undilate({"timeline": shape}, 4)["timeline"] == {"bin_s": 0.1, "tok_s": [40.0, 10.0],
+                                                             "live": [2, 1]}
     with pytest.raises(ValueError, match="--dilate"):
         LoadConfig(dilate=0.5)
 
@@ -257,6 +278,9 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
         # two counters are read a pass apart at most)
         assert 0 <= r["turnaround_share"] <= 1.05 - r["verifier_busy"], (mode, n, r)
         assert r["turnaround_ms"] >= 0
+        shape = r["timeline"]  # every token in a bin, every client live in one at least
+        assert shape["bin_s"] == 0.1 and 1 <= max(shape["live"]) <= n, (mode, n, shape)
+        assert sum(shape["tok_s"]) * shape["bin_s"] == pytest.approx(r["tokens"], abs=0.5)
     assert rows["ar", 1]["edge_pass_tokens"] is None  # no session the verifier decides
     assert rows["colo", 2]["edge_pass_tokens"] == 0.0  # its edges draft nothing
     assert 0 <= rows["acespec", 1]["edge_pass_tokens"] <= 1
@@ -274,6 +298,7 @@ def test_bench_load_from_the_command_line(tiny_pair, tiny_hf_dir, tmp_path):
     assert result["slo"]["per_client_tok_s"] == pytest.approx(
         1.3 * rows["ar", 1]["per_client_tok_s_p50"], rel=0.01)
     assert (tmp_path / "plots" / "frontier.png").stat().st_size > 1000
+    assert (tmp_path / "plots" / "timeline.png").stat().st_size > 1000
     assert "goodput (clients whose p10 makes" in p.stdout
     assert result["capacity_bound"] == pytest.approx(1 + 8 * 5 / 5)
     assert "the discrete-event model (acceptance 0.74" in p.stdout
