@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from urllib.parse import urlencode
 from urllib.request import urlopen
 
 import numpy as np
@@ -194,18 +195,22 @@ class Meter:
     def __init__(self, host: str = "", port: int = 0, engine=None):
         self.url, self.engine = f"http://{host}:{port}/metrics", engine
 
-    def _samples(self) -> list:
-        """Every sample of the verifier's metrics, from one scrape (or its registry)."""
+    def _samples(self, *names: str) -> list:
+        """The named samples of the verifier's metrics, from one scrape of those alone (or its
+        registry): a whole page takes the verifier's interpreter for milliseconds, which the
+        bench, reading a few figures several times a second, would take from its passes."""
         if self.engine is not None:
-            families = self.engine.metrics.registry.collect() if self.engine.metrics else []
+            registry = self.engine.metrics.registry if self.engine.metrics else None
+            families = registry.restricted_registry(names).collect() if registry else []
         else:
-            with urlopen(self.url, timeout=5) as r:
+            with urlopen(f"{self.url}?{urlencode([('name[]', n) for n in names])}",
+                         timeout=5) as r:
                 families = text_string_to_metric_families(r.read().decode())
         return [x for f in families for x in f.samples]
 
     def _counter(self, *names: str) -> float | tuple[float, ...]:
         """The named samples' sums, from one scrape (so that counters read together agree)."""
-        samples = self._samples()
+        samples = self._samples(*names)
         sums = tuple(sum(x.value for x in samples if x.name == n) for n in names)
         return sums[0] if len(names) == 1 else sums
 
@@ -214,7 +219,7 @@ class Meter:
         many reached at most le positions past the decided end} from the buckets of
         acespec_edge_grow_reach (le inf: all of them)."""
         name = "acespec_edge_grow_reach_bucket"
-        return {float(x.labels["le"]): x.value for x in self._samples() if x.name == name}
+        return {float(x.labels["le"]): x.value for x in self._samples(name) if x.name == name}
 
     def busy(self) -> float:
         """Seconds the verifier was busy so far: its passes and its drafting."""
@@ -222,6 +227,14 @@ class Meter:
             gap = self.engine.gap.busy_s if self.engine.gap else 0.0
             return self.engine.batcher.busy_s + gap
         return self._counter("acespec_busy_seconds_total")
+
+    def live(self) -> tuple[float, float, float]:
+        """(sessions(), busy()) from one scrape: what SessionSampler reads while a point
+        runs, so it scrapes the verifier once a sample, not twice."""
+        if self.engine is not None:
+            return (*self.sessions(), self.busy())
+        return self._counter("acespec_sessions_active", "acespec_sessions_prefilling",
+                             "acespec_busy_seconds_total")
 
     def nodes(self) -> float:
         """Nodes the verifier scored so far."""

@@ -586,14 +586,14 @@ def _per_pass(row: dict) -> str:
 
 class SessionSampler:
     """The verifier's open sessions and those of them prefilling (Meter.sessions), read
-    from its metrics every SAMPLE_S in a thread while a point runs; their means are the
+    from its metrics every `every_s` in a thread while a point runs; their means are the
     point's live_sessions. Its busy seconds too, with the wall clock (busy_at: also at the
     start and the stop), for its busy fraction over a part of the point."""
 
     SAMPLE_S = 0.25
 
-    def __init__(self, meter):
-        self.meter, self.samples = meter, []
+    def __init__(self, meter, every_s: float = SAMPLE_S):
+        self.meter, self.every_s, self.samples = meter, every_s, []
         self.busy_at: list[tuple[float, float]] = []
         self._read_busy()
         self._stop = threading.Event()
@@ -605,10 +605,11 @@ class SessionSampler:
             self.busy_at.append((time.time(), self.meter.busy()))
 
     def _run(self) -> None:
-        while not self._stop.wait(self.SAMPLE_S):
+        while not self._stop.wait(self.every_s):
             with contextlib.suppress(OSError, ValueError):
-                self.samples.append(self.meter.sessions())
-            self._read_busy()
+                sessions, prefilling, busy = self.meter.live()
+                self.samples.append((sessions, prefilling))
+                self.busy_at.append((time.time(), busy))
 
     def stop(self) -> None:
         self._stop.set()

@@ -116,7 +116,7 @@ class Metrics:
 
     @classmethod
     def create(cls) -> Metrics:
-        r = CollectorRegistry()
+        r = CollectorRegistry(auto_describe=True)  # every series by name (?name[]=)
         ProcessCollector(registry=r)  # process_start_time_seconds: a restart, for the alerts
         m = cls(
             registry=r,
