@@ -257,22 +257,17 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
 def timeline(records: list[dict], bin_s: float = TIMELINE_S) -> dict | None:
     """The point's shape over time, from the records' token_times: {bin_s, tok_s: the tokens
     that reached the clients in each bin_s from the burst's start (the earliest generation's
-    start) over bin_s, live: the clients in their run during each bin (from their first
-    token to their last, as live_span)}. Where the aggregate is lost: a burst's start (the
-    prompts crossing their links) and tail (its slowest clients, alone in their passes).
-    None where the records carry no times."""
-    times = [t for r in records for t in r.get("token_times") or ()]
-    if not times or any(r.get("tokens") and not r.get("token_times") for r in records):
+    start) over bin_s, live: the clients in their run during each bin (client_spans)}. Where
+    the aggregate is lost: a burst's start (the prompts crossing their links) and tail (its
+    slowest clients, alone in their passes). None where the records carry no times."""
+    spans = client_spans(records)
+    if not spans:
         return None
     start = min(r["end"] - r["seconds"] for r in records)
-    counts = np.bincount(((np.array(times) - start) // bin_s).astype(int).clip(0))
-    spans: dict[int, tuple[float, float]] = {}
-    for r in records:
-        if t := r.get("token_times"):
-            first, last = spans.get(r["client"], (math.inf, -math.inf))
-            spans[r["client"]] = (min(first, t[0]), max(last, t[-1]))
+    times = np.array([t for r in records for t in r.get("token_times") or ()])
+    counts = np.bincount(((times - start) // bin_s).astype(int).clip(0))
     edges = start + bin_s * np.arange(len(counts))
-    live = [int(sum(a < e + bin_s and b >= e for a, b in spans.values())) for e in edges]
+    live = [sum(a < e + bin_s and b >= e for a, b in spans.values()) for e in edges.tolist()]
     return {"bin_s": bin_s, "tok_s": [round(float(c) / bin_s, 1) for c in counts],
             "live": live}
 
@@ -281,9 +276,9 @@ def all_live(records: list[dict], span: tuple[float, float] | None = None
              ) -> tuple[float | None, float | None]:
     """(tokens per second, seconds) over the span in which every client was in its run
     (live_span, unless the caller has it), counting the tokens that arrived within it,
-    from each record's `token_times` (the wall clock at each token). The aggregate without a run's start (its
-    prompts crossing their links) and its tail (the clients that finished early no longer
-    there to fill a pass). (None, None) where there is no such span."""
+    from each record's `token_times` (the wall clock at each token). The aggregate without
+    a run's start (its prompts crossing their links) and its tail (the clients that finished
+    early no longer there to fill a pass). (None, None) where there is no such span."""
     span = span or live_span(records)
     if span is None:
         return None, None
@@ -294,21 +289,28 @@ def all_live(records: list[dict], span: tuple[float, float] | None = None
 
 def live_span(records: list[dict]) -> tuple[float, float] | None:
     """(start, end), wall clock: from the latest of the clients' first tokens to the
-    earliest of their last ones (over all of a client's generations). None where the
-    records carry no times, or the clients' spans share no time."""
+    earliest of their last ones (client_spans). None where the records carry no times, or
+    the clients' spans share no time."""
+    spans = client_spans(records)
+    if not spans:
+        return None
+    start, end = max(a for a, _ in spans.values()), min(b for _, b in spans.values())
+    return (start, end) if end > start else None
+
+
+def client_spans(records: list[dict]) -> dict[int, tuple[float, float]] | None:
+    """{client: (its first token, its last one)}, wall clock, over all of a client's
+    generations; None where a generation has tokens but not their times (no span to read)."""
     spans: dict[int, tuple[float, float]] = {}
     for r in records:
         t = r.get("token_times")
         if not t:
             if r.get("tokens"):
-                return None  # a generation without its times: no span to read
+                return None
             continue
         first, last = spans.get(r["client"], (math.inf, -math.inf))
         spans[r["client"]] = (min(first, t[0]), max(last, t[-1]))
-    if not spans:
-        return None
-    start, end = max(a for a, _ in spans.values()), min(b for _, b in spans.values())
-    return (start, end) if end > start else None
+    return spans
 
 
 def busy_between(samples: list[tuple[float, float]], start: float, end: float
@@ -586,14 +588,14 @@ def _per_pass(row: dict) -> str:
 
 class SessionSampler:
     """The verifier's open sessions and those of them prefilling (Meter.sessions), read
-    from its metrics every `every_s` in a thread while a point runs; their means are the
+    from its metrics every SAMPLE_S in a thread while a point runs; their means are the
     point's live_sessions. Its busy seconds too, with the wall clock (busy_at: also at the
     start and the stop), for its busy fraction over a part of the point."""
 
     SAMPLE_S = 0.25
 
-    def __init__(self, meter, every_s: float = SAMPLE_S):
-        self.meter, self.every_s, self.samples = meter, every_s, []
+    def __init__(self, meter):
+        self.meter, self.samples = meter, []
         self.busy_at: list[tuple[float, float]] = []
         self._read_busy()
         self._stop = threading.Event()
@@ -605,7 +607,7 @@ class SessionSampler:
             self.busy_at.append((time.time(), self.meter.busy()))
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
+        while not self._stop.wait(self.SAMPLE_S):
             with contextlib.suppress(OSError, ValueError):
                 sessions, prefilling, busy = self.meter.live()
                 self.samples.append((sessions, prefilling))
