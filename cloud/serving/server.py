@@ -187,20 +187,23 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
         loop.call_soon_threadsafe(lambda: (failed.append(reason), stop.set()))
 
     engine = load_engine(cfg, metrics, lost)
-    try:
-        server, port = await create_server(engine, cfg)
-    except BaseException:
-        _stop_ranks(engine)
-        raise
-    if cfg.metrics_port is not None:
+    exporter = None
+    if cfg.metrics_port is not None:  # first: whoever finds the sessions' port open (a
+        # bench, a probe) can read the metrics at once
         try:
-            _, mport = metrics.serve(cfg.metrics_port, cfg.host)
+            exporter, mport = metrics.serve(cfg.metrics_port, cfg.host)
         except OSError as e:
-            await server.stop(0)
             _stop_ranks(engine)
             raise OSError(f"metrics: could not listen on {cfg.host}:{cfg.metrics_port}: "
                           f"{e.strerror or e}") from None
         log.info("metrics on http://%s:%d/metrics", cfg.host, mport)
+    try:
+        server, port = await create_server(engine, cfg)
+    except BaseException:
+        if exporter is not None:
+            exporter.shutdown()
+        _stop_ranks(engine)
+        raise
     log.warning("verifier %s serving on %s:%d (%s%s)", engine.model_id, cfg.host, port,
                 "TLS" if cfg.tls_cert else "plaintext",
                 ", bearer auth" if cfg.auth_tokens else ", no auth")
