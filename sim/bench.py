@@ -57,7 +57,7 @@ class BenchConfig:
     netns: bool = False  # shape with tc tbf in a network namespace (root) instead of the proxy
     temperature: float = 0.0
     sampling: str = "coupled"  # with temperature > 0: "coupled" | "exact"
-    emulate: str = "40,0.5"  # the verifier's --emulate-step-ms profile
+    emulate: str | None = "40,0.5"  # the verifier's --emulate-step-ms (None: its own passes)
     emulate_draft: tuple[float, float] = (0.0, 0.0)  # the edge's --emulate-draft-ms profile
     # The verifier runs in its own process, as it would on its own machine: in this one, the
     # edge's drafting (and its emulated step time) would hold the verifier's event loop.
@@ -76,7 +76,6 @@ class BenchConfig:
     dilate: float = 1.0  # the verifier's --emulate-dilate (bench load --dilate)
 
     def __post_init__(self):
-
         if not 1 <= self.depth <= MAX_DEPTH:
             raise ValueError(f"--depth {self.depth} must be in [1, {MAX_DEPTH}]")
         if not self.depth <= self.window <= MAX_WINDOW:
@@ -105,9 +104,9 @@ class BenchConfig:
         """`acespec cloud serve` flags of the bench's verifier (besides host and port)."""
         gap = (["--gap-drafter", self.gap_drafter, "--emulate-cloud-draft-ms",
                 self.cloud_draft] if self.gap else [])
-        return ["--emulate-step-ms", self.emulate, "--grace", "1",
-                "--propose", str(self.propose), "--dtype", self.dtype, "--linear", self.linear,
-                "--emulate-dilate", f"{self.dilate:g}"] + gap
+        step = ["--emulate-step-ms", self.emulate] if self.emulate else []  # else its own
+        return step + ["--grace", "1", "--propose", str(self.propose), "--dtype", self.dtype,
+                       "--linear", self.linear, "--emulate-dilate", f"{self.dilate:g}"] + gap
 
 
 def parse_links(text: str) -> tuple[tuple[str, LinkSpec], ...]:
@@ -118,7 +117,6 @@ def parse_links(text: str) -> tuple[tuple[str, LinkSpec], ...]:
     columns (RTT only for a trace without one); the spec's rate and RTT are then the trace's
     means. Any link may end in '+outage=START:DURATION' (seconds, repeatable): down both ways.
     """
-
     out = []
     for part in (p.strip() for p in text.split(",")):
         head, *suffixes = part.split("+")
@@ -299,8 +297,6 @@ async def _verifier_in_process(cfg: BenchConfig, model_dir: str):
 async def _verifier_process(cfg: BenchConfig, model_dir: str):
     """One `acespec cloud serve` process for every link (half the cores: the edge shares the
     machine); the proxy does all the shaping."""
-
-
     port, metrics = free_port(), free_port()
     argv = [*python_module("acespec"), "cloud", "serve", "--host", "127.0.0.1",
             "--port", str(port), "--metrics-port", str(metrics), *cfg.serve_flags(),

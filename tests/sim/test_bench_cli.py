@@ -81,3 +81,18 @@ def test_bench_help_lists_the_commands():
     assert r.returncode == 0, r.stderr
     assert all(f"\n    {c}" in r.stdout for c in COMMANDS), r.stdout
     assert "--modes" not in r.stdout.split("\n\n", 2)[0]  # its usage line: commands, no options
+
+
+@pytest.mark.slow
+def test_calibrate_times_the_targets_own_passes_by_default(tiny_hf_dir, noisy_gguf, tmp_path):
+    """`bench calibrate` with no --emulate-step-ms, from the shell: its verifier runs the
+    target's own passes (no profile flag, none empty), and the costs are written."""
+    import json
+
+    out = tmp_path / "costs.json"
+    r = acespec("bench", "calibrate", "--per-category", "1", "--max-tokens", "8", "--model",
+                str(tiny_hf_dir), "--drafter", str(noisy_gguf), "--out", str(out), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["emulate_step_ms"] is None and data["max_tokens"] == 8, data
+    assert data["costs"]["target_base_s"] > 0 and 0 <= data["acceptance"] <= 1, data
