@@ -137,7 +137,7 @@ class Dilated:
 
 
 RATE_KEYS = ("per_client_tok_s_p50", "per_client_tok_s_p10", "aggregate_tok_s",
-             "all_live_tok_s", "passes_per_s")  # x K back in the undilated world
+             "all_live_tok_s", "passes_per_s", "edge_draft_tok_s")  # x K: undilated
 TIMELINE_S = 0.1  # a row's timeline bins, seconds (x K in a dilated run: 0.1 s undilated)
 TIME_KEYS = ("ttft_p50_s", "ttft_p90_s", "verifier_s_per_1k_tokens", "all_live_s",
              "turnaround_ms")  # / K
@@ -199,7 +199,9 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     edge_pass_tokens: the share of tokens decided in passes that held an edge draft (None
     where the verifier decides no session: ar); edge_drafts_scored: the share of the edges'
     drafts that reached a pass before their positions were decided (from the records'
-    drafts_received and drafts_scored; None where the edges sent none). live_sessions: the
+    drafts_received and drafts_scored; None where the edges sent none), and
+    edge_draft_tok_s the drafts an edge sent a second of its generation, on average (against
+    its drafter's steps a second: how fast the edges draft at this load). live_sessions: the
     sessions open at the verifier and those of them whose prompt was not yet prefilled, on
     average over the point (SessionSampler): the row's live_sessions and decoding_sessions
     (open, less prefilling); cpu_busy: the machine's busy fraction over it (a
@@ -224,6 +226,7 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
     edge = None if not records or None in lone else round(1 - sum(lone) / max(1, tokens), 2)
     sent = sum(r.get("drafts_received") or 0 for r in records)
     scored = round(sum(r.get("drafts_scored") or 0 for r in records) / sent, 3) if sent else None
+    drafting_s = sum(r["seconds"] for r in records if r.get("drafts_received") is not None)
     span = live_span(records)
     live_rate, live_s = all_live(records, span)
     live_busy = busy_between(busy_at or [], *span) if span else None
@@ -246,6 +249,8 @@ def point(mode: str, clients: int, records: list[dict], wall_s: float, busy_s: f
             "turnaround_ms": round(1000 * passes[3] / passes[0], 2) if passes[0] else None,
             "turnaround_share": round(passes[3] / wall_s, 3) if wall_s > 0 else None,
             "edge_pass_tokens": edge, "edge_drafts_scored": scored,
+            "edge_draft_tok_s": round(sent / drafting_s, 1) if sent and drafting_s > 0
+            else None,
             **_reach(reach or {}),
             "cpu_busy": cpu_busy,
             "cpu_bound": cpu_busy is not None and cpu_busy > CPU_BOUND,
@@ -399,8 +404,8 @@ KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10", "ttft
         "all_live_busy", "turnaround_share", "verifier_s_per_1k_tokens", "nodes_per_token",
         "passes_per_s", "turnaround_ms", "requests_per_pass", "live_sessions",
         "decode_requests_per_pass", "decoding_sessions",
-        "edge_pass_tokens", "edge_drafts_scored", "edge_grows_ahead", "edge_grow_reach_p50",
-        "reconnects", "cpu_busy")
+        "edge_pass_tokens", "edge_drafts_scored", "edge_draft_tok_s", "edge_grows_ahead",
+        "edge_grow_reach_p50", "reconnects", "cpu_busy")
 PREDICTED_KEYS = ("mode", "clients", "per_client_tok_s_p50", "per_client_tok_s_p10",
                   "aggregate_tok_s", "vs_aggregate", "vs_all_live", "verifier_busy",
                   "nodes_per_token")

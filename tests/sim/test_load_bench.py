@@ -59,8 +59,10 @@ def test_a_point_summarises_its_clients():
     assert row["edge_drafts_scored"] is None  # no edge drafts in the records
     for i, r in enumerate(recs):
         r["drafts_received"], r["drafts_scored"] = 10, i % 2  # 5 of 110 in time
-    assert point("acespec", 10, recs, 40.0, 30.0, 1408)["edge_drafts_scored"] == \
-        round(5 / 110, 3)
+    drafted = point("acespec", 10, recs, 40.0, 30.0, 1408)
+    assert drafted["edge_drafts_scored"] == round(5 / 110, 3)
+    # 110 drafts over the generations' 9 x 6.4 + 32 + 6.4 seconds
+    assert row["edge_draft_tok_s"] is None and drafted["edge_draft_tok_s"] == round(110 / 96, 1)
     assert row["edge_grows_ahead"] is None and row["edge_grow_reach_p50"] is None  # no Grows
     # 400 Grow messages: 150 at most 4 behind, 250 at most 3 behind, 388 at most at the end
     reach = {-4.0: 150.0, -3.0: 250.0, 0.0: 388.0, 32.0: 400.0, math.inf: 400.0}
@@ -162,10 +164,14 @@ def test_dilation_scales_the_emulated_world_and_reports_it_undilated():
     assert flags[flags.index("--emulate-dilate") + 1] == "4"
     assert flags[flags.index("--emulate-step-ms") + 1] == "100,0.4,256"
     # A dilated run measures K times slower rates and K times longer times
-    row = point("acespec", 2, _records([10.0, 10.0], ttft=0.8), 12.8, 6.4, 256,
-                passes=(40.0, 80.0, 2.0, 0.8), live_sessions=(2.0, 0.1))
+    row_records = _records([10.0, 10.0], ttft=0.8)
+    for r in row_records:
+        r["drafts_received"] = 32  # 64 drafts over 12.8 s of generations: 5 a dilated second
+    row = point("acespec", 2, row_records, 12.8, 6.4, 256, passes=(40.0, 80.0, 2.0, 0.8),
+                live_sessions=(2.0, 0.1))
     back = undilate(row, 4)
     assert back["per_client_tok_s_p50"] == 40.0 and back["aggregate_tok_s"] == 40.0
+    assert row["edge_draft_tok_s"] == 5.0 and back["edge_draft_tok_s"] == 20.0
     assert back["ttft_p90_s"] == 0.2 and back["passes_per_s"] == pytest.approx(12.5, abs=0.05)
     assert back["verifier_s_per_1k_tokens"] == pytest.approx(row["verifier_s_per_1k_tokens"] / 4,
                                                              abs=1e-3)
