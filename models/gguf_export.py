@@ -7,6 +7,7 @@ pre-tokenizer `gpt-2` (the same regex as `tokenizers`' ByteLevel).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gguf
@@ -66,6 +67,35 @@ def export_gguf(model, tokenizer_dir: str | Path, out_path: str | Path, ftype: s
     w.write_tensors_to_file()
     w.close()
     return out_path
+
+
+def export_target(model_dir: str | Path, out_path: str | Path, ftype: str = "f16") -> Path:
+    """Write the Hugging Face checkpoint at `model_dir` (what `cloud serve --model` loads) as
+    a GGUF drafter with the folder's tokenizer and chat template: the target drafting for
+    itself, what the edge's drafts can at best bring (docs/benchmarks.md §11). Raises
+    ModelFileError or ValueError naming what is wrong with the folder."""
+    # lazy: torch, to read the checkpoint (the rest of this module needs only numpy)
+    from acespec.cloud.target.loader import load_model
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise ValueError(f"{model_dir}: no config.json (a Hugging Face checkpoint folder)")
+    if ftype not in FILE_TYPES:  # before the checkpoint is read
+        raise ValueError(f"ftype must be one of {sorted(FILE_TYPES)}, got {ftype!r}")
+    if not Path(out_path).parent.is_dir():
+        raise ValueError(f"{Path(out_path).parent}: no such folder to write {Path(out_path).name}")
+    return export_gguf(load_model(model_dir), model_dir, out_path, ftype, name=model_dir.name,
+                       chat_template=_chat_template(model_dir))
+
+
+def _chat_template(model_dir: Path) -> str | None:
+    """tokenizer_config.json's chat template, where it has one as a string."""
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    return template if isinstance(template, str) else None
 
 
 def _write_hparams(w, args, name: str, context_length: int, ftype: str) -> None:
