@@ -206,13 +206,13 @@ class GrowDriver(DecidedDriver):
         for tok, r in zip(draft.tokens.tolist(), ranks):
             node = tree.expand(node, int(tok), r, run.rec)
         node.seq, tip.seq = tip.seq, None  # the line goes on in the same sequence
-        # The guesses beside these drafts, each with its first draft (one batched decode),
-        # go up in the same message as the drafts: there before the verifier decides their
-        # position, a hit is walked in the pass itself and carries on.
+        # The guesses beside these drafts get their first drafts in the next step's batched
+        # decode, beside the line's next draft, and go up with them: a decode of their own
+        # here would hold the line back a drafter step after every chunk (under load, where
+        # the line must outrun the verifier's own decisions, the tree then served about 0.8x
+        # what the chain did; docs/benchmarks.md §11).
         walked = tree.walk()
-        guessed = self._guess(walked, self._branch_room(walked))
-        if guessed:
-            await self._grow_batch(guessed, tree.walk())
+        self._guess(walked, self._branch_room(walked))
         return True
 
     def _branch_room(self, walked: list) -> int:
