@@ -50,6 +50,7 @@ except ImportError:  # pragma: no cover - other gRPC builds: nothing to recognis
 log = logging.getLogger(__name__)
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.:\[\]-]")
+REFUSE_WAIT_S = 2.0  # a refused session's first message is waited for this long at most
 
 
 def client_of(md: dict, peer: str, keyed: bool) -> str:
@@ -118,6 +119,19 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 raise Unauthenticated("missing or wrong bearer token (metadata "
                                       "'authorization: Bearer <token>')")
         return client_of(md, context.peer(), bool(self.auth_tokens))
+
+    @staticmethod
+    async def _first_message(context) -> None:
+        """Let a refused session's first message arrive (REFUSE_WAIT_S at most) before the
+        refusal goes out: a status sent while the client's first write is still in flight
+        reaches a grpc.aio client as INTERNAL, 'Internal error from Core' (grpc/grpc#36066),
+        not as the refusal it is."""
+        read = asyncio.ensure_future(context.read())
+        done, _ = await asyncio.wait({read}, timeout=REFUSE_WAIT_S)
+        if not done:
+            read.cancel()
+        elif not read.cancelled():
+            read.exception()  # taken: a message that did not parse changes nothing here
 
     async def _fail(self, context, err: Exception, what: str) -> None:
         """End the call with err's status code. A client that went away gets no status:
@@ -210,7 +224,11 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.engine.close(opened[0] if opened else None)
 
     async def _session(self, context, opened: list[str]) -> None:
-        client = self._authorize(context)
+        try:
+            client = self._authorize(context)
+        except Unauthenticated:
+            await self._first_message(context)
+            raise
         first = await self._read(context)
         if first is grpc.aio.EOF:
             return

@@ -1,16 +1,23 @@
 """`acespec edge doctor` from the shell against a verifier started from the shell: it reads the
 settings file like `edge serve`, takes the same flags, and says what it found: the round
 trip and an opened session when all is well, the refused key or the foreign vocabulary when
-not (exit 1), an unreachable address within --timeout."""
+not (exit 1), an unreachable address within --timeout. And the refusal of a key reaches a
+client as a refusal even when it overtakes the client's first write."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+import time
 from pathlib import Path
 
+import grpc
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
+
+from acespec.edge.client import CloudSession
+from acespec.shared.served import ServeParams
 
 from cli_harness import Proc, acespec, verifier
 from conftest import free_port
@@ -89,6 +96,31 @@ def test_doctor_says_the_key_is_refused(cloud, tmp_path):
     r = acespec("edge", "doctor", "--auth-token-file", str(wrong), env=env, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "problem: the verifier refused the key" in r.stderr, r.stderr
+
+
+def test_a_refusal_that_overtakes_the_first_write_reads_as_one(cloud):
+    """The verifier checks the key when the stream opens. Here the client's event loop is held
+    while that refusal arrives, so the client's first write is issued after its gRPC core
+    has the status but before the loop has taken it: grpc.aio then reports INTERNAL,
+    'Internal error from Core' (grpc/grpc#36066), unless the verifier lets the first message
+    arrive before it refuses. (So a loaded machine once made the test above read INTERNAL.)"""
+    addr, _ = cloud
+
+    async def attempt() -> str:
+        async with grpc.aio.insecure_channel(addr) as ch:
+            session = CloudSession(ch, "not-the-key")
+            await asyncio.sleep(0)  # the call starts
+            time.sleep(0.3)  # the loop held while the refusal arrives
+            try:
+                await session.open([5, 6, 7], ServeParams(), 0, vocab_hash="unused")
+            except grpc.aio.AioRpcError as e:
+                return e.code().name
+            return "opened"
+
+    async def attempts() -> list[str]:
+        return [await attempt() for _ in range(5)]
+
+    assert asyncio.run(attempts()) == ["UNAUTHENTICATED"] * 5
 
 
 def test_doctor_says_the_vocabulary_is_foreign(cloud, tmp_path):
