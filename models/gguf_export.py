@@ -7,14 +7,13 @@ pre-tokenizer `gpt-2` (the same regex as `tokenizers`' ByteLevel).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import gguf
 import numpy as np
 
 from acespec.models.tokenizer_train import bpe_merges
-from acespec.shared.tokenizer import Tokenizer
+from acespec.shared.tokenizer import Tokenizer, read_json_object
 
 FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7}  # llama_ftype values
 
@@ -90,11 +89,8 @@ def export_target(model_dir: str | Path, out_path: str | Path, ftype: str = "f16
 
 def _chat_template(model_dir: Path) -> str | None:
     """tokenizer_config.json's chat template, where it has one as a string."""
-    try:
-        config = json.loads((model_dir / "tokenizer_config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    template = config.get("chat_template") if isinstance(config, dict) else None
+    path = model_dir / "tokenizer_config.json"
+    template = read_json_object(path).get("chat_template") if path.is_file() else None
     return template if isinstance(template, str) else None
 
 
