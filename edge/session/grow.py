@@ -115,40 +115,48 @@ class GrowDriver(DecidedDriver):
     async def _grow_step(self) -> bool:
         """Grow leaves by one drafted token each, in one batched decode: the drafted line
         up to the window (as a chain would), and the guessed branches by value within their
-        own budget (half the window). With no branch worth growing, the line grows a chunk
-        of `depth` drafts in one call, as a chain does. False when nothing is worth it."""
+        own budget (half the window). With no branch worth growing, or the line short of
+        its secure lead (_secure_lead), the line grows a chunk of drafts in one call, as a
+        chain does. False when nothing is worth it."""
         run, tree = self.run, self.tree
         self._free_dropped()
         walked = tree.walk()
-        line_room = self.window - sum(not b for _, _, b in walked)
+        lead = sum(not b for _, _, b in walked)  # the drafted line's nodes past the root
+        line_room = self.window - lead
         branch_room = self._branch_room(walked)
         left = run.cfg.max_tokens - len(run.out)
         if left <= 0:
             return False
-        node_s, pass_s = self._node_s(), self.pass_s
         guessed = self._guess(walked, branch_room)
         branch_room -= len(guessed)
         leaves = tree.leaves(walked, max_position=tree.end + min(left, self.window) - 1)
         line = [n for n, _, b in leaves if not b][:1 if line_room > 0 else 0]
-        # A guess is worth nothing without drafts below it (the verifier would decide its
-        # token anyway): its first draft carries the hit's value, deeper ones a pass each.
-        ahead = self._advance()
-        cands = [(n, v) for n, p, b in leaves
-                 if b and (v := p * self.timing.p(n.position + 1 - tree.end, ahead)
-                           * run.alpha * pass_s * (MISS_PASSES if n.guess else 1)
-                           - node_s) > 0]
-        budget = GrowBudget(nodes=branch_room, kv_bytes=self._kv_room(len(walked)),
-                            uplink_bytes=self._uplink_room(), batch=len(self.free))
-        branches = tree.select(cands, budget, self._costs()) if cands else []
-        if line and (not branches or self._line_lead() < self._secure_lead()):
+        # While the line is short of a secure lead it grows alone: a guess in its step would
+        # slow it (a leaf more per decode), and a late line costs more than a guess saves.
+        alone = bool(line) and lead < self._secure_lead()
+        branches = [] if alone else self._branches(leaves, walked, branch_room)
+        if line and not branches:
             # After a miss the line starts short: its first drafts go up at once, so the
             # verifier (deciding alone meanwhile) meets them sooner; the chunks then grow.
-            # While the line is short of a secure lead it grows alone: a guess in its step
-            # would slow it (a leaf more per decode), and a late line is worth more than
-            # any guess (under load the tree so served about 0.8x what the chain did).
-            n = min(self._chunk(), max(self._ramp(), self._line_lead()), line_room, left)
+            n = min(self._chunk(), max(self._ramp(), lead), line_room, left)
             return await self._grow_line(line[0], n) or bool(guessed)
         return await self._grow_batch(line + branches, walked) or bool(guessed)
+
+    def _branches(self, leaves: list, walked: list, room: int) -> list[Node]:
+        """The leaves under guesses worth growing this step, within the budgets (room:
+        branch nodes still free). A guess is worth nothing without drafts below it (the
+        verifier would decide its token anyway): its first draft carries the hit's value,
+        deeper ones a pass each."""
+        tree, node_s, pass_s, ahead = self.tree, self._node_s(), self.pass_s, self._advance()
+        cands = [(n, v) for n, p, b in leaves
+                 if b and (v := p * self.timing.p(n.position + 1 - tree.end, ahead)
+                           * self.run.alpha * pass_s * (MISS_PASSES if n.guess else 1)
+                           - node_s) > 0]
+        if not cands:
+            return []
+        budget = GrowBudget(nodes=room, kv_bytes=self._kv_room(len(walked)),
+                            uplink_bytes=self._uplink_room(), batch=len(self.free))
+        return tree.select(cands, budget, self._costs())
 
     async def _grow_batch(self, leaves: list[Node], walked: list) -> bool:
         """Grow each leaf by one drafted token in one batched decode (each in its own
@@ -188,13 +196,6 @@ class GrowDriver(DecidedDriver):
         will be when a chunk drafted now arrives, and one chunk more (at most the window)."""
         return min(self.window, self._ramp() + self._chunk())
 
-    def _line_lead(self) -> int:
-        """Drafted line nodes beyond the committed text."""
-        n, lead = self.tree.root.draft, 0
-        while n is not None:
-            n, lead = n.draft, lead + 1
-        return lead
-
     def _chunk(self) -> int:
         """Drafts per line chunk: `depth`, but no more than half a verifier pass's worth of
         drafting: a slow drafter still sends something every pass, and the edge reads the
@@ -214,11 +215,10 @@ class GrowDriver(DecidedDriver):
         for tok, r in zip(draft.tokens.tolist(), ranks):
             node = tree.expand(node, int(tok), r, run.rec)
         node.seq, tip.seq = tip.seq, None  # the line goes on in the same sequence
-        # The guesses beside these drafts get their first drafts in the next step's batched
-        # decode, beside the line's next draft, and go up with them: a decode of their own
-        # here would hold the line back a drafter step after every chunk (under load, where
-        # the line must outrun the verifier's own decisions, the tree then served about 0.8x
-        # what the chain did; docs/benchmarks.md §11).
+        # The guesses beside these drafts get their first drafts in a later batched decode,
+        # beside the line's next draft once the line leads securely, and go up with them: a
+        # decode of their own here would hold the line back a drafter step after every
+        # chunk (docs/design.md §6).
         walked = tree.walk()
         self._guess(walked, self._branch_room(walked))
         return True
